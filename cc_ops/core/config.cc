@@ -1,0 +1,58 @@
+#include "config.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "logging.h"
+
+namespace smdist {
+namespace {
+
+const char* FirstSet(const char* a, const char* b) {
+  const char* v = std::getenv(a);
+  if (v != nullptr && *v != '\0') return v;
+  v = std::getenv(b);
+  return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+// A malformed value is reported and ignored rather than silently parsed as 0.
+double ReadDouble(const char* name, const char* horovod_name, double fallback) {
+  const char* v = FirstSet(name, horovod_name);
+  if (v == nullptr) return fallback;
+  char* end = nullptr;
+  double d = std::strtod(v, &end);
+  if (end == v || *end != '\0') {
+    LogWarning(std::string("ignoring ") + name + "='" + v + "': not a number");
+    return fallback;
+  }
+  return d;
+}
+
+}  // namespace
+
+EngineConfig EngineConfig::FromEnvironment() {
+  EngineConfig c;
+  c.fusion_threshold_bytes = static_cast<int64_t>(ReadDouble(
+      "SMDIST_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD",
+      static_cast<double>(c.fusion_threshold_bytes)));
+  if (c.fusion_threshold_bytes < 0) c.fusion_threshold_bytes = 0;
+  c.cycle_time_ms = ReadDouble("SMDIST_CYCLE_TIME", "HOROVOD_CYCLE_TIME", c.cycle_time_ms);
+  if (c.cycle_time_ms < 0) c.cycle_time_ms = 0;
+  c.stall_check_seconds = ReadDouble("SMDIST_STALL_CHECK_TIME", "HOROVOD_STALL_CHECK_TIME_SECONDS",
+                                     c.stall_check_seconds);
+  c.stall_shutdown_seconds =
+      ReadDouble("SMDIST_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+                 c.stall_shutdown_seconds);
+  const char* host = std::getenv("SMDIST_HOSTNAME");
+  if (host != nullptr && *host != '\0') {
+    c.hostname = host;
+  } else {
+    char buf[256] = {0};
+    gethostname(buf, sizeof(buf) - 1);
+    c.hostname = buf;
+  }
+  return c;
+}
+
+}  // namespace smdist

@@ -1,0 +1,198 @@
+#include "coordinator.h"
+
+#include <cstdio>
+
+namespace smdist {
+namespace {
+
+std::string Quote(const std::string& name) { return "'" + name + "'"; }
+
+std::string FormatScale(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
+// "for tensor 'x' in allreduce: rank 0 has A, rank r has B"
+std::string Mismatch(const char* what, const std::string& name, CollectiveType type, int r,
+                     const std::string& a, const std::string& b) {
+  return std::string("mismatched ") + what + " for tensor " + Quote(name) + " in " +
+         CollectiveTypeName(type) + ": rank 0 has " + a + ", rank " + std::to_string(r) +
+         " has " + b;
+}
+
+std::vector<int64_t> TrailingDims(const std::vector<int64_t>& shape) {
+  return shape.empty() ? shape : std::vector<int64_t>(shape.begin() + 1, shape.end());
+}
+
+std::string FusionKey(const Request& r) {
+  return std::to_string(static_cast<int>(r.dtype)) + "/" +
+         std::to_string(static_cast<int>(r.reduce_op)) + "/" + FormatScale(r.prescale) + "/" +
+         FormatScale(r.postscale);
+}
+
+}  // namespace
+
+int64_t ReducescatterRows(int64_t dim0, int size, int rank) {
+  return dim0 / size + (rank < dim0 % size ? 1 : 0);
+}
+
+std::string CheckAgreement(const std::string& name, const std::vector<Request>& by_rank) {
+  for (const Request& r : by_rank) {
+    if (!r.error.empty()) return "rank " + std::to_string(r.rank) + ": " + r.error;
+  }
+  const Request& first = by_rank[0];
+  const CollectiveType type = first.type;
+  for (size_t i = 1; i < by_rank.size(); ++i) {
+    const Request& r = by_rank[i];
+    const int rank = static_cast<int>(i);
+    if (r.type != type) {
+      return "mismatched operations for tensor " + Quote(name) + ": rank 0 called " +
+             CollectiveTypeName(type) + ", rank " + std::to_string(rank) + " called " +
+             CollectiveTypeName(r.type);
+    }
+    if (type == CollectiveType::kBarrier) continue;
+    if (r.dtype != first.dtype) {
+      return Mismatch("dtypes", name, type, rank, DataTypeName(first.dtype),
+                      DataTypeName(r.dtype));
+    }
+    if (r.shape.size() != first.shape.size()) {
+      return Mismatch("ranks (number of dimensions)", name, type, rank,
+                      std::to_string(first.shape.size()) + " " + ShapeToString(first.shape),
+                      std::to_string(r.shape.size()) + " " + ShapeToString(r.shape));
+    }
+    const bool ragged_first_dim =
+        type == CollectiveType::kAllgather || type == CollectiveType::kAlltoall;
+    if (ragged_first_dim ? TrailingDims(r.shape) != TrailingDims(first.shape)
+                         : r.shape != first.shape) {
+      return Mismatch(ragged_first_dim ? "shapes beyond the first dimension" : "shapes", name,
+                      type, rank, ShapeToString(first.shape), ShapeToString(r.shape));
+    }
+    if (type == CollectiveType::kAllreduce || type == CollectiveType::kReducescatter) {
+      if (r.reduce_op != first.reduce_op) {
+        return Mismatch("reduce ops", name, type, rank, ReduceOpName(first.reduce_op),
+                        ReduceOpName(r.reduce_op));
+      }
+      if (r.prescale != first.prescale || r.postscale != first.postscale) {
+        return Mismatch("prescale/postscale factors", name, type, rank,
+                        FormatScale(first.prescale) + "/" + FormatScale(first.postscale),
+                        FormatScale(r.prescale) + "/" + FormatScale(r.postscale));
+      }
+    }
+    if (type == CollectiveType::kBroadcast && r.root_rank != first.root_rank) {
+      return Mismatch("root ranks", name, type, rank, std::to_string(first.root_rank),
+                      std::to_string(r.root_rank));
+    }
+  }
+  return "";
+}
+
+Coordinator::Coordinator(int size, int64_t fusion_threshold_bytes, StallInspector stall_inspector)
+    : size_(size),
+      fusion_threshold_bytes_(fusion_threshold_bytes),
+      stall_inspector_(std::move(stall_inspector)) {}
+
+void Coordinator::Add(const RequestList& list, int rank) {
+  if (list.shutdown && !shutdown_) {
+    shutdown_ = true;
+    shutdown_rank_ = rank;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  for (const Request& req : list.requests) {
+    Pending& p = table_[req.name];
+    if (p.by_rank.empty()) {
+      p.by_rank.resize(size_);
+      p.seen.assign(size_, false);
+      p.first_seen = now;
+    }
+    if (p.seen[rank]) continue;  // ranks reject duplicates locally; be safe
+    p.seen[rank] = true;
+    p.by_rank[rank] = req;
+    if (++p.count == size_) ready_.push_back(req.name);
+  }
+}
+
+Response Coordinator::ResponseFor(const std::string& name, const Pending& pending) const {
+  Response resp;
+  resp.names.push_back(name);
+  const std::string error = CheckAgreement(name, pending.by_rank);
+  if (!error.empty()) {
+    resp.response_type = ResponseType::kError;
+    resp.error = error;
+    return resp;
+  }
+  const Request& first = pending.by_rank[0];
+  resp.type = first.type;
+  if (first.type == CollectiveType::kAllgather) {
+    for (const Request& r : pending.by_rank) resp.sizes.push_back(r.shape.empty() ? 1 : r.shape[0]);
+  } else if (first.type == CollectiveType::kAlltoall) {
+    for (const Request& r : pending.by_rank) {
+      resp.sizes.insert(resp.sizes.end(), r.splits.begin(), r.splits.end());
+    }
+  }
+  return resp;
+}
+
+void Coordinator::FuseAllreduces(std::vector<Response>* responses) const {
+  if (fusion_threshold_bytes_ <= 0) return;
+  std::vector<Response> fused;
+  // Index into `fused` of the open (still growing) response for each key.
+  std::unordered_map<std::string, std::pair<size_t, int64_t>> open;
+  for (Response& r : *responses) {
+    const bool fusable = r.response_type == ResponseType::kCollective &&
+                         r.type == CollectiveType::kAllreduce;
+    if (!fusable) {
+      fused.push_back(std::move(r));
+      continue;
+    }
+    const auto& info = fusion_info_.at(r.names[0]);
+    auto it = open.find(info.first);
+    if (it != open.end() && it->second.second + info.second <= fusion_threshold_bytes_) {
+      fused[it->second.first].names.push_back(r.names[0]);
+      it->second.second += info.second;
+      continue;
+    }
+    open[info.first] = {fused.size(), info.second};
+    fused.push_back(std::move(r));
+  }
+  *responses = std::move(fused);
+}
+
+ResponseList Coordinator::BuildResponses() {
+  ResponseList out;
+  fusion_info_.clear();
+  for (const std::string& name : ready_) {
+    auto it = table_.find(name);
+    Response resp = ResponseFor(name, it->second);
+    if (resp.response_type == ResponseType::kCollective &&
+        resp.type == CollectiveType::kAllreduce) {
+      const Request& r = it->second.by_rank[0];
+      fusion_info_[name] = {FusionKey(r),
+                            NumElements(r.shape) * static_cast<int64_t>(DataTypeSize(r.dtype))};
+    }
+    out.responses.push_back(std::move(resp));
+    stall_inspector_.Forget(name);
+    table_.erase(it);
+  }
+  ready_.clear();
+  FuseAllreduces(&out.responses);
+
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& kv : table_) {
+    std::string fatal = stall_inspector_.Inspect(kv.first, kv.second.seen, kv.second.first_seen, now);
+    if (!fatal.empty() && out.shutdown_error.empty()) {
+      out.shutdown = true;
+      out.shutdown_error = fatal;
+    }
+  }
+  if (shutdown_) {
+    out.shutdown = true;
+    if (out.shutdown_error.empty()) {
+      out.shutdown_error = "smdist_tf was shut down (shutdown() called on rank " +
+                           std::to_string(shutdown_rank_) + ")";
+    }
+  }
+  return out;
+}
+
+}  // namespace smdist

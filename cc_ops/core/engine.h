@@ -1,0 +1,64 @@
+// The process-wide collective engine: owns the transport, the queue of
+// submitted collectives and the background thread that negotiates and runs
+// them. Framework kernels only call Enqueue(); Python controls the lifetime.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config.h"
+#include "status.h"
+#include "tensor_entry.h"
+#include "tensor_queue.h"
+#include "transport.h"
+
+namespace smdist {
+
+class Engine {
+ public:
+  static Engine& Instance();
+  ~Engine();
+
+  // Collective over all processes. Idempotent while running.
+  Status Init();
+  // Stops the engine on every rank (the others learn it in the next cycle);
+  // pending collectives fail. Init() may be called again afterwards.
+  Status Shutdown();
+  // Shutdown plus MPI_Finalize; called once at process exit.
+  void Finalize();
+
+  bool initialized() const { return initialized_.load(); }
+  Topology topology() const;
+  bool mpi_threads_supported() const { return mpi_threads_multiple_; }
+  EngineConfig config() const;
+
+  // Queues entries submitted together (they are negotiated in the same
+  // cycle, so a group fuses). On error nothing is queued and no done runs.
+  Status Enqueue(std::vector<TensorEntry> entries);
+
+ private:
+  Engine() = default;
+  void BackgroundLoop();
+  // One negotiation + execution cycle; false when the engine must stop.
+  bool RunCycle(class Coordinator* coordinator, class CollectiveExecutor* executor);
+  void Stop(const std::string& reason);
+
+  mutable std::mutex lifecycle_mu_;  // Init/Shutdown
+  mutable std::mutex state_mu_;      // running_/stop_reason_ vs Enqueue
+  std::atomic<bool> initialized_{false};
+  bool running_ = false;
+  std::string stop_reason_;
+  std::atomic<bool> shutdown_requested_{false};
+  bool mpi_threads_multiple_ = false;
+
+  EngineConfig config_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<TensorQueue> queue_;
+  std::thread thread_;
+};
+
+}  // namespace smdist

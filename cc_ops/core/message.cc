@@ -1,0 +1,85 @@
+#include "message.h"
+
+#include "wire_format.h"
+
+namespace smdist {
+
+std::vector<uint8_t> RequestList::Serialize() const {
+  WireWriter w;
+  w.Put<uint8_t>(shutdown ? 1 : 0);
+  w.Put<uint32_t>(static_cast<uint32_t>(requests.size()));
+  for (const Request& r : requests) {
+    w.Put<int32_t>(r.rank);
+    w.PutString(r.name);
+    w.Put<int32_t>(static_cast<int32_t>(r.type));
+    w.Put<int32_t>(static_cast<int32_t>(r.dtype));
+    w.PutInts(r.shape);
+    w.Put<int32_t>(r.root_rank);
+    w.Put<int32_t>(static_cast<int32_t>(r.reduce_op));
+    w.Put<double>(r.prescale);
+    w.Put<double>(r.postscale);
+    w.PutInts(r.splits);
+    w.PutString(r.error);
+  }
+  return std::move(w.bytes());
+}
+
+bool RequestList::Parse(const uint8_t* data, size_t size, RequestList* out) {
+  WireReader rd(data, size);
+  out->shutdown = rd.Get<uint8_t>() != 0;
+  auto n = rd.Get<uint32_t>();
+  out->requests.clear();
+  for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+    Request r;
+    r.rank = rd.Get<int32_t>();
+    r.name = rd.GetString();
+    r.type = static_cast<CollectiveType>(rd.Get<int32_t>());
+    r.dtype = static_cast<DataType>(rd.Get<int32_t>());
+    r.shape = rd.GetInts();
+    r.root_rank = rd.Get<int32_t>();
+    r.reduce_op = static_cast<ReduceOp>(rd.Get<int32_t>());
+    r.prescale = rd.Get<double>();
+    r.postscale = rd.Get<double>();
+    r.splits = rd.GetInts();
+    r.error = rd.GetString();
+    out->requests.push_back(std::move(r));
+  }
+  return rd.ok() && rd.done();
+}
+
+std::vector<uint8_t> ResponseList::Serialize() const {
+  WireWriter w;
+  w.Put<uint8_t>(shutdown ? 1 : 0);
+  w.PutString(shutdown_error);
+  w.Put<uint32_t>(static_cast<uint32_t>(responses.size()));
+  for (const Response& r : responses) {
+    w.Put<int32_t>(static_cast<int32_t>(r.response_type));
+    w.Put<int32_t>(static_cast<int32_t>(r.type));
+    w.Put<uint32_t>(static_cast<uint32_t>(r.names.size()));
+    for (const auto& name : r.names) w.PutString(name);
+    w.PutString(r.error);
+    w.PutInts(r.sizes);
+  }
+  return std::move(w.bytes());
+}
+
+bool ResponseList::Parse(const uint8_t* data, size_t size, ResponseList* out) {
+  WireReader rd(data, size);
+  out->shutdown = rd.Get<uint8_t>() != 0;
+  out->shutdown_error = rd.GetString();
+  auto n = rd.Get<uint32_t>();
+  out->responses.clear();
+  for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+    Response r;
+    r.response_type = static_cast<ResponseType>(rd.Get<int32_t>());
+    r.type = static_cast<CollectiveType>(rd.Get<int32_t>());
+    auto names = rd.Get<uint32_t>();
+    for (uint32_t j = 0; j < names && rd.ok(); ++j) r.names.push_back(rd.GetString());
+    r.error = rd.GetString();
+    r.sizes = rd.GetInts();
+    out->responses.push_back(std::move(r));
+  }
+  return rd.ok() && rd.done();
+}
+
+}  // namespace smdist

@@ -1,0 +1,61 @@
+// Negotiation messages. Every cycle each rank sends the coordinator a
+// RequestList (the collectives it newly submitted); the coordinator answers
+// every rank with the same ResponseList, which all ranks execute in order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "types.h"
+
+namespace smdist {
+
+struct Request {
+  int32_t rank = 0;
+  std::string name;
+  CollectiveType type = CollectiveType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  int32_t root_rank = 0;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<int64_t> splits;  // alltoall only; empty means equal splits
+  std::string error;            // a local validation error, reported to all ranks
+};
+
+struct RequestList {
+  std::vector<Request> requests;
+  bool shutdown = false;
+
+  std::vector<uint8_t> Serialize() const;
+  static bool Parse(const uint8_t* data, size_t size, RequestList* out);
+};
+
+enum class ResponseType : int32_t {
+  kCollective = 0,  // execute `type` over `names`
+  kError,           // fail `names` with `error` on every rank
+};
+
+struct Response {
+  ResponseType response_type = ResponseType::kCollective;
+  CollectiveType type = CollectiveType::kAllreduce;
+  std::vector<std::string> names;  // more than one when fused
+  std::string error;
+  // allgather: first dimension of each rank's tensor.
+  // alltoall: row-major size x size matrix, sizes[src * size + dst] = rows
+  // rank src sends to rank dst.
+  std::vector<int64_t> sizes;
+};
+
+struct ResponseList {
+  std::vector<Response> responses;
+  bool shutdown = false;
+  std::string shutdown_error;  // non-empty: the engine stops with this error
+
+  std::vector<uint8_t> Serialize() const;
+  static bool Parse(const uint8_t* data, size_t size, ResponseList* out);
+};
+
+}  // namespace smdist

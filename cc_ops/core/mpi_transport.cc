@@ -1,0 +1,276 @@
+#include "mpi_transport.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <mutex>
+
+#include "reduction.h"
+
+namespace smdist {
+namespace {
+
+// MPI has no float16/bfloat16 and its float MIN/MAX need not propagate NaN,
+// so those reductions run our own kernels through MPI user ops.
+struct MpiCustomTypes {
+  MPI_Datatype float16 = MPI_DATATYPE_NULL;
+  MPI_Datatype bfloat16 = MPI_DATATYPE_NULL;
+  MPI_Op sum = MPI_OP_NULL, min = MPI_OP_NULL, max = MPI_OP_NULL, prod = MPI_OP_NULL;
+};
+
+MpiCustomTypes g_types;
+bool g_we_initialized_mpi = false;
+bool g_threads_multiple = false;
+std::mutex g_mpi_init_mutex;
+
+DataType DataTypeOfMpi(MPI_Datatype dt) {
+  if (dt == g_types.float16) return DataType::kFloat16;
+  if (dt == g_types.bfloat16) return DataType::kBFloat16;
+  if (dt == MPI_DOUBLE) return DataType::kFloat64;
+  return DataType::kFloat32;
+}
+
+template <ReduceOp kOp>
+void CustomReduce(void* in, void* inout, int* len, MPI_Datatype* dt) {
+  ReduceInto(DataTypeOfMpi(*dt), kOp, in, inout, *len);
+}
+
+MPI_Datatype MpiType(DataType dtype) {
+  switch (dtype) {
+    case DataType::kUInt8: return MPI_UINT8_T;
+    case DataType::kBool: return MPI_UINT8_T;
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kFloat16: return g_types.float16;
+    case DataType::kBFloat16: return g_types.bfloat16;
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op MpiOp(DataType dtype, ReduceOp op) {
+  const bool half_like = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+  const bool is_float = IsFloatingPoint(dtype);
+  switch (op) {
+    case ReduceOp::kMin: return is_float ? g_types.min : MPI_MIN;
+    case ReduceOp::kMax: return is_float ? g_types.max : MPI_MAX;
+    case ReduceOp::kProduct: return half_like ? g_types.prod : MPI_PROD;
+    default: return half_like ? g_types.sum : MPI_SUM;
+  }
+}
+
+Status MpiError(int code, const char* what) {
+  if (code == MPI_SUCCESS) return Status::OK();
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return Status::Unknown(std::string(what) + " failed: " + std::string(text, len));
+}
+
+Status ToIntCounts(const std::vector<int64_t>& counts, std::vector<int>* out,
+                   std::vector<int>* displs) {
+  out->resize(counts.size());
+  displs->resize(counts.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] > INT_MAX || offset > INT_MAX) {
+      return Status::InvalidArgument("tensor too large for one MPI call (more than 2^31 elements)");
+    }
+    (*out)[i] = static_cast<int>(counts[i]);
+    (*displs)[i] = static_cast<int>(offset);
+    offset += counts[i];
+  }
+  return Status::OK();
+}
+
+// Large buffers go through MPI in pieces because MPI counts are ints.
+constexpr int64_t kMaxChunk = INT_MAX / 2;
+
+}  // namespace
+
+Status EnsureMpiInitialized(bool* threads_multiple) {
+  std::lock_guard<std::mutex> lock(g_mpi_init_mutex);
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Init_thread");
+    g_we_initialized_mpi = true;
+    g_threads_multiple = provided >= MPI_THREAD_MULTIPLE;
+    // The engine calls MPI from its own thread while Python may call it too.
+    if (provided < MPI_THREAD_SERIALIZED) {
+      return Status::PreconditionFailed(
+          "the MPI library provides only MPI_THREAD_FUNNELED or less; smdist_tf needs at "
+          "least MPI_THREAD_SERIALIZED");
+    }
+  } else if (g_types.float16 == MPI_DATATYPE_NULL) {
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    g_threads_multiple = provided >= MPI_THREAD_MULTIPLE;
+  }
+  if (g_types.float16 == MPI_DATATYPE_NULL) {
+    MPI_Type_contiguous(2, MPI_BYTE, &g_types.float16);
+    MPI_Type_commit(&g_types.float16);
+    MPI_Type_contiguous(2, MPI_BYTE, &g_types.bfloat16);
+    MPI_Type_commit(&g_types.bfloat16);
+    MPI_Op_create(&CustomReduce<ReduceOp::kSum>, 1, &g_types.sum);
+    MPI_Op_create(&CustomReduce<ReduceOp::kMin>, 1, &g_types.min);
+    MPI_Op_create(&CustomReduce<ReduceOp::kMax>, 1, &g_types.max);
+    MPI_Op_create(&CustomReduce<ReduceOp::kProduct>, 1, &g_types.prod);
+  }
+  *threads_multiple = g_threads_multiple;
+  return Status::OK();
+}
+
+void FinalizeMpiIfOwned() {
+  std::lock_guard<std::mutex> lock(g_mpi_init_mutex);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (g_we_initialized_mpi && !finalized) {
+    MPI_Finalize();
+  }
+}
+
+Status MpiTransport::Create(const std::string& hostname, std::unique_ptr<MpiTransport>* out) {
+  auto t = std::make_unique<MpiTransport>();
+  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &t->world_);
+  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(t->world_, MPI_ERRORS_RETURN);
+  Topology& topo = t->topology_;
+  MPI_Comm_rank(t->world_, &topo.rank);
+  MPI_Comm_size(t->world_, &topo.size);
+
+  // Ranks on one host are those reporting the same host name.
+  constexpr int kNameLen = 256;
+  std::vector<char> names(static_cast<size_t>(kNameLen) * topo.size, 0);
+  char mine[kNameLen] = {0};
+  std::strncpy(mine, hostname.c_str(), kNameLen - 1);
+  rc = MPI_Allgather(mine, kNameLen, MPI_CHAR, names.data(), kNameLen, MPI_CHAR, t->world_);
+  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allgather(hostnames)");
+  int color = topo.rank;
+  for (int r = 0; r < topo.size; ++r) {
+    if (std::strncmp(&names[static_cast<size_t>(r) * kNameLen], mine, kNameLen) == 0) {
+      color = r;
+      break;
+    }
+  }
+  MPI_Comm_split(t->world_, color, topo.rank, &t->local_);
+  MPI_Comm_rank(t->local_, &topo.local_rank);
+  MPI_Comm_size(t->local_, &topo.local_size);
+  MPI_Comm_split(t->world_, topo.local_rank, topo.rank, &t->cross_);
+  MPI_Comm_rank(t->cross_, &topo.cross_rank);
+  MPI_Comm_size(t->cross_, &topo.cross_size);
+
+  std::vector<int> local_sizes(topo.size);
+  MPI_Allgather(&topo.local_size, 1, MPI_INT, local_sizes.data(), 1, MPI_INT, t->world_);
+  topo.is_homogeneous = true;
+  for (int s : local_sizes) topo.is_homogeneous &= (s == local_sizes[0]);
+  *out = std::move(t);
+  return Status::OK();
+}
+
+MpiTransport::~MpiTransport() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (MPI_Comm* c : {&cross_, &local_, &world_}) {
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+  }
+}
+
+Status MpiTransport::GatherToRoot(const std::vector<uint8_t>& mine,
+                                  std::vector<std::vector<uint8_t>>* gathered) {
+  const int n = topology_.size;
+  int my_size = static_cast<int>(mine.size());
+  std::vector<int> sizes(topology_.rank == 0 ? n : 0);
+  int rc = MPI_Gather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, world_);
+  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Gather");
+  std::vector<int> displs;
+  std::vector<uint8_t> all;
+  if (topology_.rank == 0) {
+    displs.resize(n);
+    int total = 0;
+    for (int r = 0; r < n; ++r) {
+      displs[r] = total;
+      total += sizes[r];
+    }
+    all.resize(total);
+  }
+  rc = MPI_Gatherv(mine.data(), my_size, MPI_BYTE, all.data(), sizes.data(), displs.data(),
+                   MPI_BYTE, 0, world_);
+  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Gatherv");
+  if (topology_.rank == 0) {
+    gathered->assign(n, {});
+    for (int r = 0; r < n; ++r) {
+      (*gathered)[r].assign(all.begin() + displs[r], all.begin() + displs[r] + sizes[r]);
+    }
+  }
+  return Status::OK();
+}
+
+Status MpiTransport::BroadcastFromRoot(std::vector<uint8_t>* bytes) {
+  int64_t size = static_cast<int64_t>(bytes->size());
+  int rc = MPI_Bcast(&size, 1, MPI_INT64_T, 0, world_);
+  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Bcast");
+  bytes->resize(size);
+  return Broadcast(bytes->data(), size, DataType::kUInt8, 0);
+}
+
+Status MpiTransport::Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) {
+  auto* p = static_cast<uint8_t*>(buffer);
+  const size_t elem = DataTypeSize(dtype);
+  for (int64_t done = 0; done < count; done += kMaxChunk) {
+    int n = static_cast<int>(std::min(kMaxChunk, count - done));
+    int rc = MPI_Allreduce(MPI_IN_PLACE, p + done * elem, n, MpiType(dtype), MpiOp(dtype, op),
+                           world_);
+    if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce");
+  }
+  return Status::OK();
+}
+
+Status MpiTransport::Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                DataType dtype) {
+  std::vector<int> icounts, displs;
+  SMDIST_RETURN_IF_ERROR(ToIntCounts(counts, &icounts, &displs));
+  int rc = MPI_Allgatherv(send, icounts[topology_.rank], MpiType(dtype), recv, icounts.data(),
+                          displs.data(), MpiType(dtype), world_);
+  return MpiError(rc, "MPI_Allgatherv");
+}
+
+Status MpiTransport::Broadcast(void* buffer, int64_t count, DataType dtype, int root) {
+  auto* p = static_cast<uint8_t*>(buffer);
+  const size_t elem = DataTypeSize(dtype);
+  for (int64_t done = 0; done < count; done += kMaxChunk) {
+    int n = static_cast<int>(std::min(kMaxChunk, count - done));
+    int rc = MPI_Bcast(p + done * elem, n, MpiType(dtype), root, world_);
+    if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Bcast");
+  }
+  return Status::OK();
+}
+
+Status MpiTransport::Alltoallv(const void* send, const std::vector<int64_t>& send_counts,
+                               void* recv, const std::vector<int64_t>& recv_counts,
+                               DataType dtype) {
+  std::vector<int> scounts, sdispls, rcounts, rdispls;
+  SMDIST_RETURN_IF_ERROR(ToIntCounts(send_counts, &scounts, &sdispls));
+  SMDIST_RETURN_IF_ERROR(ToIntCounts(recv_counts, &rcounts, &rdispls));
+  int rc = MPI_Alltoallv(send, scounts.data(), sdispls.data(), MpiType(dtype), recv,
+                         rcounts.data(), rdispls.data(), MpiType(dtype), world_);
+  return MpiError(rc, "MPI_Alltoallv");
+}
+
+Status MpiTransport::ReduceScatter(const void* send, void* recv,
+                                   const std::vector<int64_t>& recv_counts, DataType dtype,
+                                   ReduceOp op) {
+  std::vector<int> counts, displs;
+  SMDIST_RETURN_IF_ERROR(ToIntCounts(recv_counts, &counts, &displs));
+  int rc = MPI_Reduce_scatter(send, recv, counts.data(), MpiType(dtype), MpiOp(dtype, op), world_);
+  return MpiError(rc, "MPI_Reduce_scatter");
+}
+
+Status MpiTransport::Barrier() { return MpiError(MPI_Barrier(world_), "MPI_Barrier"); }
+
+}  // namespace smdist

@@ -1,0 +1,49 @@
+// Transport over MPI. Owns its duplicated communicators so user MPI traffic
+// (e.g. mpi4py on COMM_WORLD) never interleaves with the engine's.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "transport.h"
+
+namespace smdist {
+
+// Process-wide MPI lifetime: initialised once, finalised at process exit, so
+// the engine can be shut down and started again in one process.
+Status EnsureMpiInitialized(bool* threads_multiple);
+void FinalizeMpiIfOwned();
+
+class MpiTransport : public Transport {
+ public:
+  // Collective over COMM_WORLD. `hostname` decides which ranks share a host.
+  static Status Create(const std::string& hostname, std::unique_ptr<MpiTransport>* out);
+  MpiTransport() = default;  // use Create(); public for std::make_unique
+  ~MpiTransport() override;
+
+  const Topology& topology() const override { return topology_; }
+  std::string name() const override { return "mpi"; }
+
+  Status GatherToRoot(const std::vector<uint8_t>& mine,
+                      std::vector<std::vector<uint8_t>>* gathered) override;
+  Status BroadcastFromRoot(std::vector<uint8_t>* bytes) override;
+
+  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override;
+  Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                    DataType dtype) override;
+  Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) override;
+  Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                   const std::vector<int64_t>& recv_counts, DataType dtype) override;
+  Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
+                       DataType dtype, ReduceOp op) override;
+  Status Barrier() override;
+
+ private:
+  Topology topology_;
+  MPI_Comm world_ = MPI_COMM_NULL;
+  MPI_Comm local_ = MPI_COMM_NULL;
+  MPI_Comm cross_ = MPI_COMM_NULL;
+};
+
+}  // namespace smdist

@@ -1,0 +1,123 @@
+#include "reduction.h"
+
+#include <cmath>
+#include <type_traits>
+
+#include "half.h"
+
+namespace smdist {
+namespace {
+
+template <typename T>
+inline T ApplyOp(ReduceOp op, T a, T b) {
+  switch (op) {
+    case ReduceOp::kMin:
+      if constexpr (std::is_floating_point<T>::value) {
+        if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
+      }
+      return a < b ? a : b;
+    case ReduceOp::kMax:
+      if constexpr (std::is_floating_point<T>::value) {
+        if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
+      }
+      return a > b ? a : b;
+    case ReduceOp::kProduct:
+      return static_cast<T>(a * b);
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+    default:
+      return static_cast<T>(a + b);
+  }
+}
+
+template <typename T>
+void ReduceTyped(ReduceOp op, const void* in, void* inout, int64_t n) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  // The common case gets a plain loop the compiler can vectorise.
+  if (op == ReduceOp::kSum || op == ReduceOp::kAverage) {
+    for (int64_t i = 0; i < n; ++i) b[i] = static_cast<T>(b[i] + a[i]);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) b[i] = ApplyOp<T>(op, a[i], b[i]);
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void ReduceHalfLike(ReduceOp op, const void* in, void* inout, int64_t n) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int64_t i = 0; i < n; ++i) {
+    b[i] = FromFloat(ApplyOp<float>(op, ToFloat(a[i]), ToFloat(b[i])));
+  }
+}
+
+template <typename T>
+void ScaleTyped(void* buf, int64_t n, double factor) {
+  T* p = static_cast<T*>(buf);
+  if constexpr (std::is_floating_point<T>::value) {
+    const T f = static_cast<T>(factor);
+    for (int64_t i = 0; i < n; ++i) p[i] *= f;
+  } else {
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(std::trunc(p[i] * factor));
+  }
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void ScaleHalfLike(void* buf, int64_t n, double factor) {
+  uint16_t* p = static_cast<uint16_t*>(buf);
+  const float f = static_cast<float>(factor);
+  for (int64_t i = 0; i < n; ++i) p[i] = FromFloat(ToFloat(p[i]) * f);
+}
+
+template <typename T>
+void DivideTyped(void* buf, int64_t n, int64_t divisor) {
+  T* p = static_cast<T*>(buf);
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(divisor));
+}
+
+}  // namespace
+
+void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout, int64_t count) {
+  switch (dtype) {
+    case DataType::kUInt8: return ReduceTyped<uint8_t>(op, in, inout, count);
+    case DataType::kBool: return ReduceTyped<uint8_t>(op, in, inout, count);
+    case DataType::kInt8: return ReduceTyped<int8_t>(op, in, inout, count);
+    case DataType::kInt32: return ReduceTyped<int32_t>(op, in, inout, count);
+    case DataType::kInt64: return ReduceTyped<int64_t>(op, in, inout, count);
+    case DataType::kFloat32: return ReduceTyped<float>(op, in, inout, count);
+    case DataType::kFloat64: return ReduceTyped<double>(op, in, inout, count);
+    case DataType::kFloat16:
+      return ReduceHalfLike<HalfToFloat, FloatToHalf>(op, in, inout, count);
+    case DataType::kBFloat16:
+      return ReduceHalfLike<BFloat16ToFloat, FloatToBFloat16>(op, in, inout, count);
+  }
+}
+
+void ScaleInPlace(DataType dtype, void* buf, int64_t count, double factor) {
+  if (factor == 1.0) return;
+  switch (dtype) {
+    case DataType::kUInt8: return ScaleTyped<uint8_t>(buf, count, factor);
+    case DataType::kBool: return;
+    case DataType::kInt8: return ScaleTyped<int8_t>(buf, count, factor);
+    case DataType::kInt32: return ScaleTyped<int32_t>(buf, count, factor);
+    case DataType::kInt64: return ScaleTyped<int64_t>(buf, count, factor);
+    case DataType::kFloat32: return ScaleTyped<float>(buf, count, factor);
+    case DataType::kFloat64: return ScaleTyped<double>(buf, count, factor);
+    case DataType::kFloat16:
+      return ScaleHalfLike<HalfToFloat, FloatToHalf>(buf, count, factor);
+    case DataType::kBFloat16:
+      return ScaleHalfLike<BFloat16ToFloat, FloatToBFloat16>(buf, count, factor);
+  }
+}
+
+void DivideInPlace(DataType dtype, void* buf, int64_t count, int64_t divisor) {
+  switch (dtype) {
+    case DataType::kUInt8: return DivideTyped<uint8_t>(buf, count, divisor);
+    case DataType::kInt8: return DivideTyped<int8_t>(buf, count, divisor);
+    case DataType::kInt32: return DivideTyped<int32_t>(buf, count, divisor);
+    case DataType::kInt64: return DivideTyped<int64_t>(buf, count, divisor);
+    default: return ScaleInPlace(dtype, buf, count, 1.0 / static_cast<double>(divisor));
+  }
+}
+
+}  // namespace smdist

@@ -1,0 +1,42 @@
+// One collective submitted by a framework kernel: what to do, where the data
+// is, and how to hand results back. Framework-free: buffers are raw pointers
+// kept alive by whatever the callbacks capture.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "status.h"
+#include "types.h"
+
+namespace smdist {
+
+struct TensorEntry {
+  std::string name;
+  CollectiveType type = CollectiveType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  const void* input = nullptr;
+  // Preallocated output for ops whose output shape is known up front
+  // (allreduce, broadcast, reducescatter). May equal `input`.
+  void* output = nullptr;
+  int32_t root_rank = 0;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<int64_t> splits;  // alltoall: rows sent to each rank
+  // A problem found locally (bad splits, bad root): reported through
+  // negotiation so every rank fails together instead of this one alone.
+  std::string local_error;
+
+  // Allocates the output once negotiation has fixed its shape (allgather,
+  // alltoall). Called on the engine thread.
+  std::function<Status(const std::vector<int64_t>& shape, void** data)> allocate_output;
+  // alltoall: rows received from each rank.
+  std::function<void(const std::vector<int64_t>& received_splits)> set_received_splits;
+  // Called exactly once, on the engine thread (or the caller's on early failure).
+  std::function<void(const Status&)> done;
+};
+
+}  // namespace smdist

@@ -1,0 +1,84 @@
+#include "tensor_queue.h"
+
+#include <chrono>
+
+namespace smdist {
+
+Status TensorQueue::Add(std::vector<TensorEntry> entries, int rank) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      bool dup = table_.count(entries[i].name) > 0;
+      for (size_t j = 0; j < i && !dup; ++j) dup = entries[j].name == entries[i].name;
+      if (dup) {
+        return Status::InvalidArgument("a collective named '" + entries[i].name +
+                                       "' is already in flight on rank " + std::to_string(rank) +
+                                       "; give concurrent collectives distinct names");
+      }
+    }
+    for (TensorEntry& e : entries) {
+      Request r;
+      r.rank = rank;
+      r.name = e.name;
+      r.type = e.type;
+      r.dtype = e.dtype;
+      r.shape = e.shape;
+      r.root_rank = e.root_rank;
+      r.reduce_op = e.reduce_op;
+      r.prescale = e.prescale;
+      r.postscale = e.postscale;
+      r.splits = e.splits;
+      r.error = e.local_error;
+      fresh_.push_back(std::move(r));
+      std::string name = e.name;
+      table_.emplace(std::move(name), std::move(e));
+    }
+    woken_ = true;
+  }
+  cv_.notify_all();
+  return Status::OK();
+}
+
+void TensorQueue::PopRequests(std::vector<Request>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!fresh_.empty()) {
+    out->push_back(std::move(fresh_.front()));
+    fresh_.pop_front();
+  }
+  woken_ = false;
+}
+
+bool TensorQueue::WaitForWork(int64_t timeout_us) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::microseconds(timeout_us),
+               [this] { return woken_ || !fresh_.empty(); });
+  return !fresh_.empty();
+}
+
+void TensorQueue::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool TensorQueue::Take(const std::string& name, TensorEntry* entry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = table_.find(name);
+  if (it == table_.end()) return false;
+  *entry = std::move(it->second);
+  table_.erase(it);
+  return true;
+}
+
+std::vector<TensorEntry> TensorQueue::TakeAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TensorEntry> all;
+  for (auto& kv : table_) all.push_back(std::move(kv.second));
+  table_.clear();
+  fresh_.clear();
+  return all;
+}
+
+}  // namespace smdist

@@ -1,0 +1,42 @@
+// Entries submitted on this rank: new ones wait in a FIFO for the next
+// negotiation cycle; all of them stay findable by name until executed.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "message.h"
+#include "tensor_entry.h"
+
+namespace smdist {
+
+class TensorQueue {
+ public:
+  // Fails (without queuing) when `name` is already in flight on this rank.
+  Status Add(std::vector<TensorEntry> entries, int rank);
+
+  // Moves newly added entries' requests into `out` (submission order).
+  void PopRequests(std::vector<Request>* out);
+
+  // Waits up to `timeout_us` for a new entry; returns whether one is pending.
+  bool WaitForWork(int64_t timeout_us);
+  void Wake();
+
+  // Removes and returns the entry; false when unknown.
+  bool Take(const std::string& name, TensorEntry* entry);
+
+  // Removes every entry (used when the engine stops).
+  std::vector<TensorEntry> TakeAll();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<std::string, TensorEntry> table_;
+  std::deque<Request> fresh_;
+  bool woken_ = false;
+};
+
+}  // namespace smdist

@@ -1,0 +1,56 @@
+// The interface collectives are written against. MPI implements it today; a
+// NCCL transport can implement the data-plane half later without touching
+// negotiation or the executor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "status.h"
+#include "types.h"
+
+namespace smdist {
+
+struct Topology {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+  bool is_homogeneous = true;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual const Topology& topology() const = 0;
+  virtual std::string name() const = 0;
+
+  // Control plane (coordinator is rank 0).
+  // Rank 0 receives every rank's bytes in `gathered` (indexed by rank).
+  virtual Status GatherToRoot(const std::vector<uint8_t>& mine,
+                              std::vector<std::vector<uint8_t>>* gathered) = 0;
+  // Rank 0's `bytes` replace every other rank's.
+  virtual Status BroadcastFromRoot(std::vector<uint8_t>* bytes) = 0;
+
+  // Data plane. Counts are in elements of `dtype`.
+  // In place; `op` is Sum, Min, Max or Product (Average is done by the caller).
+  virtual Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) = 0;
+  // Concatenates every rank's `send` into `recv` in rank order.
+  virtual Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                            DataType dtype) = 0;
+  virtual Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) = 0;
+  virtual Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                           const std::vector<int64_t>& recv_counts, DataType dtype) = 0;
+  // Reduces `send` (sum of recv_counts elements) across ranks; rank r keeps
+  // block r, recv_counts[r] elements long.
+  virtual Status ReduceScatter(const void* send, void* recv,
+                               const std::vector<int64_t>& recv_counts, DataType dtype,
+                               ReduceOp op) = 0;
+  virtual Status Barrier() = 0;
+};
+
+}  // namespace smdist

@@ -1,0 +1,51 @@
+// Framework-neutral element types, reduction ops and collective kinds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace smdist {
+
+enum class DataType : int32_t {
+  kUInt8 = 0,
+  kInt8,
+  kInt32,
+  kInt64,
+  kFloat16,
+  kBFloat16,
+  kFloat32,
+  kFloat64,
+  kBool,
+};
+
+// Values match the Python constants in smdist_tf/reduce_ops.py.
+enum class ReduceOp : int32_t {
+  kAverage = 0,
+  kSum = 1,
+  kMin = 3,
+  kMax = 4,
+  kProduct = 5,
+};
+
+enum class CollectiveType : int32_t {
+  kAllreduce = 0,
+  kAllgather,
+  kBroadcast,
+  kAlltoall,
+  kReducescatter,
+  kBarrier,
+};
+
+size_t DataTypeSize(DataType dtype);
+const char* DataTypeName(DataType dtype);
+const char* ReduceOpName(ReduceOp op);
+const char* CollectiveTypeName(CollectiveType type);
+bool IsFloatingPoint(DataType dtype);
+bool IsValidReduceOp(int32_t op);
+
+int64_t NumElements(const std::vector<int64_t>& shape);
+std::string ShapeToString(const std::vector<int64_t>& shape);
+
+}  // namespace smdist

@@ -1,0 +1,74 @@
+// pybind11 bindings for engine lifetime, topology and build facts. Data never
+// passes through here: collectives go through the TensorFlow ops.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+
+#include "../core/build_info.h"
+#include "../core/engine.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Python-facing errors: the status becomes a RuntimeError (or ValueError for
+// bad arguments) at this boundary.
+void RaiseIfError(const smdist::Status& s) {
+  if (s.ok()) return;
+  if (s.code() == smdist::StatusCode::kInvalidArgument) throw py::value_error(s.message());
+  throw std::runtime_error(s.message());
+}
+
+const smdist::Topology RequireTopology() {
+  auto& engine = smdist::Engine::Instance();
+  if (!engine.initialized()) {
+    throw py::value_error(
+        "smdist_tf has not been initialized: call smdist_tf.init() first");
+  }
+  return engine.topology();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_runtime, m) {
+  m.doc() = "smdist_tf engine runtime (lifetime, topology, build information)";
+  m.def("init", [] {
+    py::gil_scoped_release release;  // init is collective; let other threads run
+    RaiseIfError(smdist::Engine::Instance().Init());
+  });
+  m.def("shutdown", [] {
+    py::gil_scoped_release release;
+    RaiseIfError(smdist::Engine::Instance().Shutdown());
+  });
+  m.def("finalize", [] {
+    py::gil_scoped_release release;
+    smdist::Engine::Instance().Finalize();
+  });
+  m.def("is_initialized", [] { return smdist::Engine::Instance().initialized(); });
+  m.def("rank", [] { return RequireTopology().rank; });
+  m.def("size", [] { return RequireTopology().size; });
+  m.def("local_rank", [] { return RequireTopology().local_rank; });
+  m.def("local_size", [] { return RequireTopology().local_size; });
+  m.def("cross_rank", [] { return RequireTopology().cross_rank; });
+  m.def("cross_size", [] { return RequireTopology().cross_size; });
+  m.def("is_homogeneous", [] { return RequireTopology().is_homogeneous; });
+  m.def("mpi_threads_supported", [] {
+    RequireTopology();
+    return smdist::Engine::Instance().mpi_threads_supported();
+  });
+  m.def("mpi_built", [] { return smdist::kMpiBuilt; });
+  m.def("nccl_built", [] { return smdist::kNcclBuilt; });
+  m.def("cuda_built", [] { return smdist::kCudaBuilt; });
+  m.def("config", [] {
+    RequireTopology();
+    const smdist::EngineConfig c = smdist::Engine::Instance().config();
+    py::dict d;
+    d["fusion_threshold_bytes"] = c.fusion_threshold_bytes;
+    d["cycle_time_ms"] = c.cycle_time_ms;
+    d["stall_check_seconds"] = c.stall_check_seconds;
+    d["stall_shutdown_seconds"] = c.stall_shutdown_seconds;
+    d["hostname"] = c.hostname;
+    return d;
+  });
+}

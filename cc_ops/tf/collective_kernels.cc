@@ -1,0 +1,311 @@
+// CPU kernels: validate, describe each tensor to the engine and complete
+// asynchronously when the engine is done. No communication happens here.
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "../core/coordinator.h"
+#include "../core/engine.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tf_engine_bridge.h"
+
+namespace smdist {
+namespace {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+namespace bridge = tf_bridge;
+
+// Completes the op once every entry it submitted is done, with the first
+// error any of them reported.
+class OpCompletion {
+ public:
+  OpCompletion(OpKernelContext* ctx, AsyncOpKernel::DoneCallback done, int pending)
+      : ctx_(ctx), done_(std::move(done)), pending_(pending) {}
+
+  void EntryDone(const Status& s) {
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (first_error_.ok()) first_error_ = s;
+    }
+    if (pending_.fetch_sub(1) == 1) {
+      if (!first_error_.ok()) ctx_->SetStatus(bridge::ToTfStatus(first_error_));
+      done_();
+    }
+  }
+
+ private:
+  OpKernelContext* ctx_;
+  AsyncOpKernel::DoneCallback done_;
+  std::atomic<int> pending_;
+  std::mutex mu_;
+  Status first_error_;
+};
+
+class CollectiveKernel : public AsyncOpKernel {
+ public:
+  explicit CollectiveKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    if (tensor_name_.empty()) tensor_name_ = name();
+  }
+
+ protected:
+  std::string EntryName(int index, int count) const {
+    return count == 1 ? tensor_name_ : tensor_name_ + "." + std::to_string(index);
+  }
+
+  // Fills the fields every entry shares from input `index`.
+  absl::Status Describe(OpKernelContext* ctx, int index, int count, TensorEntry* e) {
+    const Tensor& input = ctx->input(index);
+    if (!bridge::ToEngineType(input.dtype(), &e->dtype)) {
+      return absl::InvalidArgumentError("smdist_tf does not support dtype " +
+                                        tensorflow::DataTypeString(input.dtype()));
+    }
+    e->name = EntryName(index, count);
+    e->shape = bridge::ToDims(input.shape());
+    e->input = input.tensor_data().data();
+    return absl::OkStatus();
+  }
+
+  // Hands `entries` to the engine; on refusal completes the op with the error.
+  void Submit(OpKernelContext* ctx, std::vector<TensorEntry> entries,
+              const std::shared_ptr<OpCompletion>& completion, DoneCallback done) {
+    Status s = Engine::Instance().Enqueue(std::move(entries));
+    if (!s.ok()) {
+      ctx->SetStatus(bridge::ToTfStatus(s));
+      done();
+    }
+  }
+
+  static std::function<void(const Status&)> DoneFor(std::shared_ptr<OpCompletion> completion,
+                                                   Tensor keep_alive) {
+    return [completion, keep_alive](const Status& s) { completion->EntryDone(s); };
+  }
+
+  std::string tensor_name_;
+};
+
+class AllreduceKernel : public CollectiveKernel {
+ public:
+  explicit AllreduceKernel(OpKernelConstruction* c) : CollectiveKernel(c) {
+    int op = 0;
+    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &op));
+    OP_REQUIRES(c, IsValidReduceOp(op), absl::InvalidArgumentError("invalid reduce_op"));
+    reduce_op_ = static_cast<ReduceOp>(op);
+    OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
+    OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const int n = ctx->num_inputs();
+    auto completion = std::make_shared<OpCompletion>(ctx, done, n);
+    std::vector<TensorEntry> entries(n);
+    for (int i = 0; i < n; ++i) {
+      TensorEntry& e = entries[i];
+      OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, i, n, &e), done);
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK_ASYNC(
+          ctx, ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out), done);
+      e.output = const_cast<char*>(out->tensor_data().data());
+      e.reduce_op = reduce_op_;
+      e.prescale = prescale_;
+      e.postscale = postscale_;
+      e.done = DoneFor(completion, ctx->input(i));
+    }
+    Submit(ctx, std::move(entries), completion, done);
+  }
+
+ private:
+  ReduceOp reduce_op_ = ReduceOp::kSum;
+  float prescale_ = 1.0f;
+  float postscale_ = 1.0f;
+};
+
+class BroadcastKernel : public CollectiveKernel {
+ public:
+  explicit BroadcastKernel(OpKernelConstruction* c) : CollectiveKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_rank_));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const int n = ctx->num_inputs();
+    const int size = Engine::Instance().topology().size;
+    auto completion = std::make_shared<OpCompletion>(ctx, done, n);
+    std::vector<TensorEntry> entries(n);
+    for (int i = 0; i < n; ++i) {
+      TensorEntry& e = entries[i];
+      OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, i, n, &e), done);
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK_ASYNC(
+          ctx, ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out), done);
+      e.output = const_cast<char*>(out->tensor_data().data());
+      e.root_rank = root_rank_;
+      if (root_rank_ < 0 || root_rank_ >= size) {
+        e.local_error = "broadcast of '" + e.name + "': root_rank " + std::to_string(root_rank_) +
+                        " is out of range for " + std::to_string(size) + " ranks";
+      }
+      e.done = DoneFor(completion, ctx->input(i));
+    }
+    Submit(ctx, std::move(entries), completion, done);
+  }
+
+ private:
+  int root_rank_ = 0;
+};
+
+class AllgatherKernel : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
+    std::vector<TensorEntry> entries(1);
+    TensorEntry& e = entries[0];
+    OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, 0, 1, &e), done);
+    e.type = CollectiveType::kAllgather;
+    if (e.shape.empty()) {
+      e.local_error = "allgather of '" + e.name + "' needs a tensor of rank >= 1, got a scalar";
+    }
+    e.allocate_output = [ctx](const std::vector<int64_t>& shape, void** data) {
+      Tensor* out = nullptr;
+      absl::Status s = ctx->allocate_output(0, bridge::ToShape(shape), &out);
+      if (!s.ok()) return bridge::FromTfStatus(s);
+      *data = const_cast<char*>(out->tensor_data().data());
+      return Status::OK();
+    };
+    e.done = DoneFor(completion, ctx->input(0));
+    Submit(ctx, std::move(entries), completion, done);
+  }
+};
+
+class AlltoallKernel : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
+    std::vector<TensorEntry> entries(1);
+    TensorEntry& e = entries[0];
+    OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, 0, 1, &e), done);
+    e.type = CollectiveType::kAlltoall;
+    e.local_error = ReadSplits(ctx->input(1), e.name, e.shape, &e.splits);
+    e.allocate_output = [ctx](const std::vector<int64_t>& shape, void** data) {
+      Tensor* out = nullptr;
+      absl::Status s = ctx->allocate_output(0, bridge::ToShape(shape), &out);
+      if (!s.ok()) return bridge::FromTfStatus(s);
+      *data = const_cast<char*>(out->tensor_data().data());
+      return Status::OK();
+    };
+    e.set_received_splits = [ctx](const std::vector<int64_t>& received) {
+      Tensor* out = nullptr;
+      tensorflow::TensorShape shape({static_cast<int64_t>(received.size())});
+      if (!ctx->allocate_output(1, shape, &out).ok()) return;
+      auto flat = out->flat<int64_t>();
+      for (size_t i = 0; i < received.size(); ++i) flat(i) = received[i];
+    };
+    e.done = DoneFor(completion, ctx->input(0));
+    Submit(ctx, std::move(entries), completion, done);
+  }
+
+ private:
+  // Returns "" when the splits are usable; empty splits mean equal parts.
+  static std::string ReadSplits(const Tensor& splits_tensor, const std::string& name,
+                                const std::vector<int64_t>& shape, std::vector<int64_t>* splits) {
+    const int size = Engine::Instance().topology().size;
+    const std::string what = "alltoall of '" + name + "': ";
+    if (shape.empty()) return what + "needs a tensor of rank >= 1, got a scalar";
+    const int64_t rows = shape[0];
+    if (splits_tensor.NumElements() == 0) {
+      if (rows % size != 0) {
+        return what + "first dimension " + std::to_string(rows) +
+               " does not divide evenly by " + std::to_string(size) +
+               " ranks; pass splits explicitly";
+      }
+      splits->assign(size, rows / size);
+      return "";
+    }
+    if (splits_tensor.dims() != 1 || splits_tensor.NumElements() != size) {
+      return what + "splits must be a vector of " + std::to_string(size) +
+             " elements (one per rank), got shape " + splits_tensor.shape().DebugString();
+    }
+    auto flat = splits_tensor.flat<int64_t>();
+    int64_t total = 0;
+    for (int i = 0; i < size; ++i) {
+      if (flat(i) < 0) return what + "splits must be non-negative";
+      splits->push_back(flat(i));
+      total += flat(i);
+    }
+    if (total != rows) {
+      return what + "splits sum to " + std::to_string(total) + " but the first dimension is " +
+             std::to_string(rows);
+    }
+    return "";
+  }
+};
+
+class ReducescatterKernel : public CollectiveKernel {
+ public:
+  explicit ReducescatterKernel(OpKernelConstruction* c) : CollectiveKernel(c) {
+    int op = 0;
+    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &op));
+    OP_REQUIRES(c, IsValidReduceOp(op), absl::InvalidArgumentError("invalid reduce_op"));
+    reduce_op_ = static_cast<ReduceOp>(op);
+    OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
+    OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
+    std::vector<TensorEntry> entries(1);
+    TensorEntry& e = entries[0];
+    OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, 0, 1, &e), done);
+    e.type = CollectiveType::kReducescatter;
+    e.reduce_op = reduce_op_;
+    e.prescale = prescale_;
+    e.postscale = postscale_;
+    if (e.shape.empty()) {
+      e.local_error = "reducescatter of '" + e.name + "' needs a tensor of rank >= 1, got a scalar";
+    } else {
+      const Topology topo = Engine::Instance().topology();
+      std::vector<int64_t> out_shape = e.shape;
+      out_shape[0] = ReducescatterRows(e.shape[0], topo.size, topo.rank);
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, bridge::ToShape(out_shape), &out), done);
+      e.output = const_cast<char*>(out->tensor_data().data());
+    }
+    e.done = DoneFor(completion, ctx->input(0));
+    Submit(ctx, std::move(entries), completion, done);
+  }
+
+ private:
+  ReduceOp reduce_op_ = ReduceOp::kSum;
+  float prescale_ = 1.0f;
+  float postscale_ = 1.0f;
+};
+
+class BarrierKernel : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
+    std::vector<TensorEntry> entries(1);
+    entries[0].name = tensor_name_;
+    entries[0].type = CollectiveType::kBarrier;
+    entries[0].done = [completion](const Status& s) { completion->EntryDone(s); };
+    Submit(ctx, std::move(entries), completion, done);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SmdistAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceKernel);
+REGISTER_KERNEL_BUILDER(Name("SmdistBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastKernel);
+REGISTER_KERNEL_BUILDER(Name("SmdistAllgather").Device(tensorflow::DEVICE_CPU), AllgatherKernel);
+REGISTER_KERNEL_BUILDER(Name("SmdistAlltoall").Device(tensorflow::DEVICE_CPU), AlltoallKernel);
+REGISTER_KERNEL_BUILDER(Name("SmdistReducescatter").Device(tensorflow::DEVICE_CPU),
+                        ReducescatterKernel);
+REGISTER_KERNEL_BUILDER(Name("SmdistBarrier").Device(tensorflow::DEVICE_CPU), BarrierKernel);
+
+}  // namespace
+}  // namespace smdist

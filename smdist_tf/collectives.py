@@ -1,0 +1,374 @@
+"""Collective operations with Horovod's TensorFlow signatures, and their gradients.
+
+Every function works eagerly and inside ``tf.function``. Collectives are matched
+across ranks by name: pass ``name=`` when ranks may issue them in different
+orders. Unnamed eager collectives are numbered per kind in call order; unnamed
+graph collectives use their (unique) node name.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from typing import Any, Optional, Sequence, Union
+
+import tensorflow as tf
+
+from smdist_tf import reduce_ops
+from smdist_tf._native import op_module as _ops
+from smdist_tf.compression import Compression, Compressor
+from smdist_tf.reduce_ops import Average, Max, Min, Product, Sum
+from smdist_tf.runtime import rank, require_initialized, size
+
+TensorLike = Union[tf.Tensor, tf.Variable, tf.IndexedSlices, Any]
+
+_REDUCIBLE = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64)
+_MOVABLE = _REDUCIBLE + (tf.bool,)
+_eager_counters: collections.Counter = collections.Counter()
+
+
+def _collective_name(kind: str, name: Optional[str]) -> str:
+    """The name ranks use to match this collective."""
+    if name:
+        return name
+    if tf.executing_eagerly():
+        number = _eager_counters[kind]
+        _eager_counters[kind] += 1
+        return f"{kind}.noname.{number}"
+    return ""  # the kernel falls back to its node name, unique in the graph
+
+
+def _check_dtype(tensor: tf.Tensor, allowed: Sequence[tf.DType], what: str) -> None:
+    if tensor.dtype not in allowed:
+        names = ", ".join(d.name for d in allowed)
+        raise TypeError(f"{what} does not support dtype {tensor.dtype.name}; supported: {names}")
+
+
+def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
+    if average is not None:
+        if op is not None:
+            raise ValueError("pass either op= or the deprecated average=, not both")
+        warnings.warn("average= is deprecated; use op=smdist_tf.Average or op=smdist_tf.Sum", DeprecationWarning)
+        return Average if average else Sum
+    return reduce_ops.validate(Average if op is None else op)
+
+
+def _allreduce_dense(tensors: list, op: int, prescale: float, postscale: float, name: Optional[str]) -> list:
+    """One engine request for all ``tensors`` (negotiated together, fused)."""
+    require_initialized()
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    for t in tensors:
+        _check_dtype(t, _REDUCIBLE, "allreduce")
+    if not tensors:
+        return []
+    return list(
+        _ops.smdist_allreduce(
+            tensors=tensors,
+            reduce_op=op,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+            tensor_name=_collective_name("allreduce", name),
+        )
+    )
+
+
+def _allreduce_sparse(slices: tf.IndexedSlices, op: int, prescale: float, postscale: float, name: Optional[str]):
+    """Sparse gradients travel as two allgathers (values, indices), as in Horovod."""
+    if op not in (Average, Sum):
+        raise NotImplementedError(f"allreduce of tf.IndexedSlices supports Average and Sum, not {reduce_ops.op_name(op)}")
+    base = name or None
+    values = allgather(slices.values, name=f"{base}.values" if base else None)
+    indices = allgather(slices.indices, name=f"{base}.indices" if base else None)
+    scale = prescale * postscale / (size() if op == Average else 1)
+    if scale != 1.0:
+        values = values * tf.cast(scale, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def allreduce(
+    tensor: TensorLike,
+    average: Optional[bool] = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: type[Compressor] = Compression.none,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: Optional[str] = None,
+    process_set: Any = None,
+    ignore_name_scope: bool = False,
+) -> TensorLike:
+    """Reduces ``tensor`` over all ranks; every rank receives the result.
+
+    Args:
+        tensor: a tensor, variable or ``tf.IndexedSlices`` (gathered, not summed densely).
+        average: deprecated; ``True`` means ``op=Average``, ``False`` means ``op=Sum``.
+        device_dense: accepted for Horovod compatibility (CPU only today).
+        device_sparse: accepted for Horovod compatibility.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` (cast on the wire).
+        op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        prescale_factor: multiplies the input before the reduction.
+        postscale_factor: multiplies the result after the reduction (and averaging).
+        name: name used to match this collective across ranks.
+        process_set: only ``None`` (all ranks) is supported.
+        ignore_name_scope: accepted for Horovod compatibility.
+
+    Returns:
+        The reduced tensor, same shape and dtype as ``tensor``.
+    """
+    _check_process_set(process_set)
+    op = _resolve_op(average, op)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_sparse(tensor, op, prescale_factor, postscale_factor, name)
+    wire, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    (reduced,) = _allreduce_dense([wire], op, prescale_factor, postscale_factor, name)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(
+    tensors: Sequence[TensorLike],
+    average: Optional[bool] = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: type[Compressor] = Compression.none,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: Optional[str] = None,
+    process_set: Any = None,
+) -> list:
+    """Reduces a list of tensors as one group: negotiated together and fused into as few transfers as possible.
+
+    Arguments are as for :func:`allreduce`; returns the reduced tensors in order.
+    """
+    _check_process_set(process_set)
+    op = _resolve_op(average, op)
+    tensors = list(tensors)
+    results: list = [None] * len(tensors)
+    dense_positions, wires, contexts = [], [], []
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            sparse_name = f"{name}.sparse{i}" if name else None
+            results[i] = _allreduce_sparse(t, op, prescale_factor, postscale_factor, sparse_name)
+            continue
+        wire, ctx = compression.compress(tf.convert_to_tensor(t))
+        dense_positions.append(i)
+        wires.append(wire)
+        contexts.append(ctx)
+    reduced = _allreduce_dense(wires, op, prescale_factor, postscale_factor, name)
+    for i, r, ctx in zip(dense_positions, reduced, contexts):
+        results[i] = compression.decompress(r, ctx)
+    return results
+
+
+def allgather(tensor: TensorLike, name: Optional[str] = None, process_set: Any = None, ignore_name_scope: bool = False) -> tf.Tensor:
+    """Concatenates every rank's ``tensor`` along dimension 0, in rank order.
+
+    The first dimension may differ per rank; the others must match. A scalar is
+    treated as a vector of one element.
+    """
+    _check_process_set(process_set)
+    require_initialized()
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor, _MOVABLE, "allgather")
+    if tensor.shape.rank == 0:
+        tensor = tf.reshape(tensor, [1])
+    return _ops.smdist_allgather(tensor=tensor, tensor_name=_collective_name("allgather", name))
+
+
+def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None, process_set: Any = None, ignore_name_scope: bool = False) -> tf.Tensor:
+    """Returns ``root_rank``'s value of ``tensor`` on every rank."""
+    _check_process_set(process_set)
+    require_initialized()
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor, _MOVABLE, "broadcast")
+    (out,) = _ops.smdist_broadcast(tensors=[tensor], root_rank=int(root_rank), tensor_name=_collective_name("broadcast", name))
+    return out
+
+
+def grouped_broadcast(tensors: Sequence[TensorLike], root_rank: int, name: Optional[str] = None) -> list:
+    """Broadcasts several tensors in one request (one negotiation round)."""
+    require_initialized()
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    for t in tensors:
+        _check_dtype(t, _MOVABLE, "broadcast")
+    if not tensors:
+        return []
+    return list(_ops.smdist_broadcast(tensors=tensors, root_rank=int(root_rank), tensor_name=_collective_name("broadcast", name)))
+
+
+def alltoall(tensor: TensorLike, splits: Optional[TensorLike] = None, name: Optional[str] = None, process_set: Any = None, ignore_name_scope: bool = False):
+    """Sends ``splits[r]`` rows of ``tensor`` (in order) to rank ``r`` and receives theirs.
+
+    Without ``splits`` the first dimension is divided equally (it must divide by ``size()``).
+
+    Returns:
+        The received rows concatenated in rank order; with ``splits`` given, the
+        tuple ``(received, received_splits)``.
+    """
+    _check_process_set(process_set)
+    require_initialized()
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor, _MOVABLE, "alltoall")
+    split_tensor = tf.zeros([0], tf.int64) if splits is None else tf.cast(tf.convert_to_tensor(splits), tf.int64)
+    out, received = _ops.smdist_alltoall(tensor=tensor, splits=split_tensor, tensor_name=_collective_name("alltoall", name))
+    return out if splits is None else (out, received)
+
+
+def reducescatter(
+    tensor: TensorLike,
+    op: int = Average,
+    name: Optional[str] = None,
+    process_set: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> tf.Tensor:
+    """Reduces ``tensor`` over ranks and returns this rank's block of dimension 0.
+
+    Rank ``r`` receives ``d // n`` rows, plus one if ``r < d % n`` (``d`` rows, ``n`` ranks).
+    """
+    _check_process_set(process_set)
+    require_initialized()
+    op = reduce_ops.validate(op)
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor, _REDUCIBLE, "reducescatter")
+    return _ops.smdist_reducescatter(
+        tensor=tensor,
+        reduce_op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        tensor_name=_collective_name("reducescatter", name),
+    )
+
+
+def barrier(process_set: Any = None, name: Optional[str] = None) -> None:
+    """Returns once every rank has called ``barrier()``."""
+    _check_process_set(process_set)
+    require_initialized()
+    _ops.smdist_barrier(tensor_name=_collective_name("barrier", name))
+
+
+def oob_allreduce(tensor: TensorLike, name: Optional[str] = None) -> tf.Tensor:
+    """SageMaker data-parallel spelling: averages a non-gradient value (e.g. the loss) over ranks."""
+    return allreduce(tf.stop_gradient(tf.convert_to_tensor(tensor)), op=Average, name=name)
+
+
+def broadcast_variables(variables: Sequence[Any], root_rank: int, name: Optional[str] = None):
+    """Assigns ``root_rank``'s values to ``variables`` on every rank, in place.
+
+    Works with ``tf.Variable`` and Keras 3 variables. All variables travel in one
+    request. Returns the grouped assign op in graph mode, ``None`` eagerly.
+    """
+    variables = list(variables)
+    values = grouped_broadcast([tf.convert_to_tensor(v) for v in variables], root_rank, name=name)
+    assigns = [v.assign(value) for v, value in zip(variables, values)]
+    if tf.executing_eagerly():
+        return None
+    return tf.group(*[a for a in assigns if a is not None])
+
+
+def _check_process_set(process_set: Any) -> None:
+    if process_set is not None:
+        raise NotImplementedError("process sets are not supported yet: collectives always span all ranks")
+
+
+# ---------------------------------------------------------------------------
+# Gradients. Each runs collectives, so every rank must differentiate the same
+# graph; that holds when all ranks run the same training step.
+# ---------------------------------------------------------------------------
+
+
+def _zeros_for_missing(grads, inputs) -> list:
+    return [g if g is not None else tf.zeros_like(x) for g, x in zip(grads, inputs)]
+
+
+@tf.RegisterGradient("SmdistAllreduce")
+def _allreduce_grad(op, *grads):
+    reduce_op = op.get_attr("reduce_op")
+    pre = op.get_attr("prescale_factor")
+    post = op.get_attr("postscale_factor")
+    grads = _zeros_for_missing(grads, op.inputs)
+    if reduce_op in (Sum, Average):
+        # d(sum_r pre*x_r)/dx_r = pre; upstream gradients add up over ranks.
+        return _allreduce_dense(grads, reduce_op, pre, post, None)
+    summed = _allreduce_dense(grads, Sum, 1.0, 1.0, None)
+    xs, ys = list(op.inputs), list(op.outputs)
+    if reduce_op in (Min, Max):
+        return _extremum_grads(xs, ys, summed, reduce_op, pre, post)
+    return _product_grads(xs, summed, pre, post)
+
+
+def _extremum_grads(xs, ys, summed, reduce_op, pre, post):
+    """The gradient flows to the ranks holding the extreme value, split evenly among ties."""
+    scaled = [x * tf.cast(pre, x.dtype) for x in xs]
+    if post != 1.0:
+        raw = _allreduce_dense(scaled, reduce_op, 1.0, 1.0, None)
+    else:
+        raw = ys if pre == 1.0 else _allreduce_dense(scaled, reduce_op, 1.0, 1.0, None)
+    masks = [tf.cast(tf.equal(s, r), s.dtype) for s, r in zip(scaled, raw)]
+    counts = _allreduce_dense(masks, Sum, 1.0, 1.0, None)
+    return [g * m * tf.cast(pre * post, g.dtype) / tf.maximum(c, tf.ones_like(c)) for g, m, c in zip(summed, masks, counts)]
+
+
+def _product_grads(xs, summed, pre, post):
+    """d(prod_s pre*x_s)/dx_r is pre times the product of the other ranks' factors, zeros handled exactly."""
+    out = []
+    for x, g in zip(xs, summed):
+        if not x.dtype.is_floating:
+            out.append(None)
+            continue
+        scaled = x * tf.cast(pre, x.dtype)
+        is_zero = tf.equal(scaled, tf.zeros_like(scaled))
+        safe = tf.where(is_zero, tf.ones_like(scaled), scaled)
+        (nonzero_product,) = _allreduce_dense([safe], Product, 1.0, 1.0, None)
+        (zero_count,) = _allreduce_dense([tf.cast(is_zero, x.dtype)], Sum, 1.0, 1.0, None)
+        others = tf.where(
+            is_zero,
+            tf.where(tf.equal(zero_count, 1), nonzero_product, tf.zeros_like(scaled)),
+            tf.where(tf.equal(zero_count, 0), nonzero_product / safe, tf.zeros_like(scaled)),
+        )
+        out.append(g * others * tf.cast(pre * post, x.dtype))
+    return out
+
+
+@tf.RegisterGradient("SmdistBroadcast")
+def _broadcast_grad(op, *grads):
+    root = op.get_attr("root_rank")
+    grads = _zeros_for_missing(grads, op.inputs)
+    summed = _allreduce_dense(grads, Sum, 1.0, 1.0, None)
+    if rank() == root:
+        return summed
+    return [tf.zeros_like(g) for g in summed]
+
+
+@tf.RegisterGradient("SmdistAllgather")
+def _allgather_grad(op, grad):
+    x = op.inputs[0]
+    summed = _allreduce_dense([grad], Sum, 1.0, 1.0, None)[0]
+    rows = allgather(tf.shape(x, out_type=tf.int64)[:1])
+    start = tf.reduce_sum(rows[: rank()])
+    begin = tf.concat([[start], tf.zeros([tf.rank(x) - 1], tf.int64)], axis=0)
+    return tf.slice(summed, begin, tf.shape(x, out_type=tf.int64))
+
+
+@tf.RegisterGradient("SmdistAlltoall")
+def _alltoall_grad(op, grad, _received_splits_grad):
+    if grad is None:
+        grad = tf.zeros_like(op.outputs[0])
+    back, _ = alltoall(grad, splits=op.outputs[1])
+    return [back, None]
+
+
+@tf.RegisterGradient("SmdistReducescatter")
+def _reducescatter_grad(op, grad):
+    reduce_op = op.get_attr("reduce_op")
+    if reduce_op not in (Sum, Average):
+        raise NotImplementedError(f"the gradient of reducescatter with {reduce_ops.op_name(reduce_op)} is not implemented")
+    scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
+    if reduce_op == Average:
+        scale /= size()
+    gathered = allgather(grad)
+    return gathered * tf.cast(scale, gathered.dtype) if scale != 1.0 else gathered
+
+
+tf.no_gradient("SmdistBarrier")

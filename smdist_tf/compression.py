@@ -1,0 +1,66 @@
+"""Wire compression for allreduce: cast floating-point tensors to 16 bits and back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+
+class Compressor:
+    """Interface: ``compress`` returns (tensor_on_the_wire, context); ``decompress`` undoes it."""
+
+    @staticmethod
+    def compress(tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Sends tensors unchanged."""
+
+    @staticmethod
+    def compress(tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
+        return tensor
+
+
+class _CastCompressor(Compressor):
+    wire_dtype: tf.DType = tf.float16
+
+    @classmethod
+    def compress(cls, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        dtype = tensor.dtype
+        if dtype.is_floating and dtype != cls.wire_dtype:
+            return tf.cast(tensor, cls.wire_dtype), dtype
+        return tensor, dtype
+
+    @classmethod
+    def decompress(cls, tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
+        return tf.cast(tensor, ctx) if ctx is not None and tensor.dtype != ctx else tensor
+
+
+class FP16Compressor(_CastCompressor):
+    """Sends floating-point tensors as float16 (half the bytes of float32)."""
+
+    wire_dtype = tf.float16
+
+
+class BF16Compressor(_CastCompressor):
+    """Sends floating-point tensors as bfloat16 (float32's range, half its bytes)."""
+
+    wire_dtype = tf.bfloat16
+
+
+class Compression:
+    """Horovod-compatible namespace: ``Compression.none``, ``Compression.fp16``, ``Compression.bf16``."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+    bf16 = BF16Compressor

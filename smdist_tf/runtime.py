@@ -1,0 +1,118 @@
+"""Process lifetime and topology: ``init``, ``rank``, ``size`` and friends."""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any
+
+from smdist_tf._native import build_info, runtime as _rt
+
+_atexit_registered = False
+
+
+def init(comm: Any = None) -> None:
+    """Starts the collective engine. Every process of the job must call it.
+
+    Works without a launcher too: a lone process becomes a job of size 1.
+
+    Args:
+        comm: accepted for Horovod compatibility; only ``None`` (all processes) is supported.
+
+    Raises:
+        ValueError: if ``comm`` is given.
+        RuntimeError: if MPI cannot be started.
+    """
+    global _atexit_registered
+    if comm is not None:
+        raise ValueError("smdist_tf.init(comm=...) is not supported: the job always spans all processes")
+    _rt.init()
+    if not _atexit_registered:
+        # Stop the engine and finalize MPI on exit so no rank is left waiting on us.
+        atexit.register(_rt.finalize)
+        _atexit_registered = True
+
+
+def shutdown() -> None:
+    """Stops the engine on every rank; pending collectives fail. ``init()`` may be called again."""
+    _rt.shutdown()
+
+
+def is_initialized() -> bool:
+    """Whether ``init()`` has been called (and ``shutdown()`` has not)."""
+    return _rt.is_initialized()
+
+
+def size() -> int:
+    """Number of processes in the job."""
+    return _rt.size()
+
+
+def rank() -> int:
+    """This process's index in the job, ``0 <= rank() < size()``."""
+    return _rt.rank()
+
+
+def local_size() -> int:
+    """Number of processes on this host."""
+    return _rt.local_size()
+
+
+def local_rank() -> int:
+    """This process's index among the processes on its host (pin a device with it)."""
+    return _rt.local_rank()
+
+
+def cross_size() -> int:
+    """Number of hosts that have a process with this process's local rank."""
+    return _rt.cross_size()
+
+
+def cross_rank() -> int:
+    """Index of this process's host among those of ``cross_size()``."""
+    return _rt.cross_rank()
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of processes."""
+    return _rt.is_homogeneous()
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with MPI_THREAD_MULTIPLE (safe to use mpi4py beside smdist_tf)."""
+    return _rt.mpi_threads_supported()
+
+
+def mpi_built() -> bool:
+    """Whether this build has the MPI transport (always true today)."""
+    return _rt.mpi_built()
+
+
+def nccl_built() -> bool:
+    """Whether this build has the NCCL transport."""
+    return _rt.nccl_built()
+
+
+def cuda_built() -> bool:
+    """Whether this build has CUDA kernels."""
+    return _rt.cuda_built()
+
+
+def gloo_built() -> bool:
+    """Horovod compatibility: smdist_tf has no Gloo transport."""
+    return False
+
+
+def engine_config() -> dict:
+    """The engine settings in force (fusion threshold, cycle time, stall timeouts, host name)."""
+    return dict(_rt.config())
+
+
+def get_build_info() -> dict:
+    """What the native build recorded: TensorFlow version, MPI flavour and compiler wrapper."""
+    return dict(build_info)
+
+
+def require_initialized() -> None:
+    """Raises a clear error when a collective is used before ``init()``."""
+    if not _rt.is_initialized():
+        raise ValueError("smdist_tf has not been initialized: call smdist_tf.init() before any collective")
