@@ -180,10 +180,10 @@ ResponseList Coordinator::BuildResponses() {
   const auto now = std::chrono::steady_clock::now();
   for (const auto& kv : table_) {
     std::string fatal = stall_inspector_.Inspect(kv.first, kv.second.seen, kv.second.first_seen, now);
-    if (!fatal.empty() && out.shutdown_error.empty()) {
-      out.shutdown = true;
-      out.shutdown_error = fatal;
-    }
+    if (fatal.empty()) continue;
+    // Name every stalled collective: each rank looks for its own in the message.
+    out.shutdown = true;
+    out.shutdown_error += out.shutdown_error.empty() ? fatal : "; " + fatal;
   }
   if (shutdown_) {
     out.shutdown = true;

@@ -1,5 +1,7 @@
 #include "stall_inspector.h"
 
+#include <cstdio>
+
 #include "logging.h"
 
 namespace smdist {
@@ -28,8 +30,10 @@ std::string StallInspector::Inspect(const std::string& name, const std::vector<b
                                     std::chrono::steady_clock::time_point now) {
   const double waited = std::chrono::duration<double>(now - first_seen).count();
   if (shutdown_seconds_ > 0 && waited >= shutdown_seconds_) {
-    return "stall shutdown: " + DescribeStall(name, seen, waited) +
-           " (SMDIST_STALL_SHUTDOWN_TIME=" + std::to_string(shutdown_seconds_) + ")";
+    char limit[32];
+    std::snprintf(limit, sizeof(limit), "%g", shutdown_seconds_);
+    return "stall shutdown (SMDIST_STALL_SHUTDOWN_TIME=" + std::string(limit) + "): " +
+           DescribeStall(name, seen, waited);
   }
   if (check_seconds_ > 0 && waited >= check_seconds_ && warned_.insert(name).second) {
     LogWarning("stall: " + DescribeStall(name, seen, waited));

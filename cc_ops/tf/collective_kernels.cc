@@ -141,6 +141,7 @@ class BroadcastKernel : public CollectiveKernel {
       OP_REQUIRES_OK_ASYNC(
           ctx, ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out), done);
       e.output = const_cast<char*>(out->tensor_data().data());
+      e.type = CollectiveType::kBroadcast;
       e.root_rank = root_rank_;
       if (root_rank_ < 0 || root_rank_ >= size) {
         e.local_error = "broadcast of '" + e.name + "': root_rank " + std::to_string(root_rank_) +

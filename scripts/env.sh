@@ -1,0 +1,5 @@
+# Sourced by the run scripts: the venv first on PATH, and Open MPI allowed to
+# run as root (CI and containers run as root).
+export PATH="$PWD/.venv/bin:$PATH"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

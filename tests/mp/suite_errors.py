@@ -1,0 +1,210 @@
+"""Every error path fails on every rank (never a hang), and the engine keeps working afterwards.
+
+Run on every rank by tests/test_errors_multiprocess.py. The tests that stop the
+engine restart it (shutdown() then init() reads the environment again).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import smdist_tf as sd
+
+RANK, SIZE = sd.rank(), sd.size()
+LAST = SIZE - 1
+
+
+def restart_engine(**env: str) -> None:
+    """Restarts the engine on every rank with extra environment settings ('' removes one)."""
+    sd.shutdown()
+    for key, value in env.items():
+        if value:
+            os.environ[key] = value
+        else:
+            os.environ.pop(key, None)
+    sd.init()
+
+
+class CapturedStderr:
+    """Captures file descriptor 2, where the C++ engine logs."""
+
+    def __enter__(self):
+        self._file = tempfile.TemporaryFile(mode="w+b")
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._file.seek(0)
+        self.text = self._file.read().decode(errors="replace")
+        self._file.close()
+
+
+class MismatchTest(tf.test.TestCase):
+    """A disagreement between ranks raises FailedPreconditionError on all of them, naming the tensor."""
+
+    def assert_fails_everywhere(self, fn, *patterns):
+        with self.assertRaises(tf.errors.FailedPreconditionError) as ctx:
+            fn()
+        for pattern in patterns:
+            self.assertRegex(ctx.exception.message, pattern)
+        # The engine is still healthy afterwards.
+        self.assertAllClose(sd.allreduce(tf.ones([2]), op=sd.Sum, name=f"healthy.{self.id()}"), [SIZE, SIZE])
+
+    def test_shape(self):
+        self.assert_fails_everywhere(
+            lambda: sd.allreduce(tf.ones([2, RANK + 1]), name="m.shape"), "mismatched shapes", "'m.shape'", r"\[2, 1\]", r"\[2, 2\]"
+        )
+
+    def test_dtype(self):
+        dtype = tf.float32 if RANK == 0 else tf.float64
+        self.assert_fails_everywhere(lambda: sd.allreduce(tf.ones([2], dtype), name="m.dtype"), "mismatched dtypes", "'m.dtype'", "float32", "float64")
+
+    def test_tensor_rank(self):
+        shape = [4] if RANK == 0 else [2, 2]
+        self.assert_fails_everywhere(lambda: sd.allreduce(tf.ones(shape), name="m.ndim"), "number of dimensions", "'m.ndim'")
+
+    def test_reduce_op(self):
+        op = sd.Sum if RANK == 0 else sd.Max
+        self.assert_fails_everywhere(lambda: sd.allreduce(tf.ones([2]), op=op, name="m.op"), "mismatched reduce ops", "Sum", "Max")
+
+    def test_scale_factors(self):
+        self.assert_fails_everywhere(
+            lambda: sd.allreduce(tf.ones([2]), op=sd.Sum, prescale_factor=1.0 + RANK, name="m.scale"), "prescale/postscale"
+        )
+
+    def test_root_rank(self):
+        self.assert_fails_everywhere(lambda: sd.broadcast(tf.ones([2]), root_rank=RANK, name="m.root"), "mismatched root ranks", "'m.root'")
+
+    def test_root_rank_out_of_range(self):
+        self.assert_fails_everywhere(lambda: sd.broadcast(tf.ones([2]), root_rank=SIZE, name="m.badroot"), "out of range")
+
+    def test_collective_type(self):
+        def call():
+            if RANK == 0:
+                return sd.allreduce(tf.ones([2]), name="m.type")
+            return sd.allgather(tf.ones([2]), name="m.type")
+
+        self.assert_fails_everywhere(call, "mismatched operations", "allreduce", "allgather")
+
+    def test_allgather_trailing_dimensions(self):
+        self.assert_fails_everywhere(lambda: sd.allgather(tf.ones([2, RANK + 1]), name="m.gather"), "beyond the first dimension", "'m.gather'")
+
+    def test_allgather_tensor_rank(self):
+        shape = [2, 2] if RANK == 0 else [2, 2, 1]
+        self.assert_fails_everywhere(lambda: sd.allgather(tf.ones(shape), name="m.gather_rank"), "number of dimensions")
+
+    def test_alltoall_bad_splits_on_one_rank(self):
+        splits = [1] * SIZE if RANK != LAST else [SIZE + 5] + [0] * (SIZE - 1)
+        self.assert_fails_everywhere(
+            lambda: sd.alltoall(tf.ones([SIZE, 2]), splits=splits, name="m.splits"), f"rank {LAST}", "splits sum to"
+        )
+
+    def test_alltoall_indivisible(self):
+        self.assert_fails_everywhere(lambda: sd.alltoall(tf.ones([SIZE + 1]), name="m.indiv"), "does not divide evenly")
+
+    def test_reducescatter_scalar(self):
+        self.assert_fails_everywhere(lambda: sd.reducescatter(tf.constant(1.0), name="m.rs"), "rank >= 1")
+
+    def test_mismatch_inside_tf_function(self):
+        fn = tf.function(lambda x: sd.allreduce(x, name="m.graph"))
+        self.assert_fails_everywhere(lambda: fn(tf.ones([RANK + 1])), "mismatched shapes", "'m.graph'")
+
+    def test_mismatch_in_group_fails_whole_op(self):
+        tensors = [tf.ones([2]), tf.ones([RANK + 3])]
+        self.assert_fails_everywhere(lambda: sd.grouped_allreduce(tensors, name="m.group"), r"'m\.group\.1'")
+
+
+class LocalMisuseTest(tf.test.TestCase):
+    def test_duplicate_name_in_flight(self):
+        # Rank 0 has 'dup' pending (the other ranks submit it later); a second
+        # 'dup' on rank 0 is refused at once instead of being mixed up.
+        result = {}
+        if RANK == 0:
+            t = threading.Thread(target=lambda: result.setdefault("v", sd.allreduce(tf.ones([1]), op=sd.Sum, name="dup")))
+            t.start()
+            time.sleep(0.3)
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "already in flight"):
+                sd.allreduce(tf.ones([1]), name="dup")
+            sd.barrier(name="dup.barrier")
+            t.join(timeout=60)
+            self.assertAllClose(result["v"], [SIZE])
+        else:
+            sd.barrier(name="dup.barrier")
+            self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name="dup"), [SIZE])
+
+
+class StallTest(tf.test.TestCase):
+    def test_stall_warning_names_tensor_and_missing_ranks(self):
+        restart_engine(SMDIST_STALL_CHECK_TIME="1")
+        try:
+            with CapturedStderr() as captured:
+                if RANK == LAST:
+                    time.sleep(2.5)
+                sd.allreduce(tf.ones([1]), name="late.tensor")
+            if RANK == 0:  # the coordinator reports
+                self.assertIn("late.tensor", captured.text)
+                self.assertRegex(captured.text, rf"not by rank\(s\) \[{LAST}\]")
+        finally:
+            restart_engine(SMDIST_STALL_CHECK_TIME="")
+
+    def test_stall_shutdown_fails_every_rank(self):
+        restart_engine(SMDIST_STALL_SHUTDOWN_TIME="2")
+        try:
+            name = "stall.only_rank0" if RANK == 0 else "stall.other_ranks"
+            start = time.time()
+            with self.assertRaisesRegex(tf.errors.AbortedError, "stall shutdown") as ctx:
+                sd.allreduce(tf.ones([1]), name=name)
+            self.assertLess(time.time() - start, 30)
+            for stalled in ["stall.only_rank0", "stall.other_ranks"]:
+                self.assertIn(stalled, ctx.exception.message)
+            # The engine is stopped: later collectives fail at once with the same reason.
+            with self.assertRaisesRegex(tf.errors.AbortedError, "stall"):
+                sd.allreduce(tf.ones([1]), name="after.stall")
+        finally:
+            restart_engine(SMDIST_STALL_SHUTDOWN_TIME="")
+        self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name="stall.recovered"), [SIZE])
+
+
+class ShutdownTest(tf.test.TestCase):
+    def test_shutdown_on_one_rank_fails_pending_collectives_elsewhere(self):
+        if RANK == 0:
+            time.sleep(0.5)
+            sd.shutdown()
+        else:
+            with self.assertRaisesRegex(tf.errors.AbortedError, "shut down"):
+                sd.allreduce(tf.ones([1]), name="never.on.rank0")
+            sd.shutdown()
+        with self.assertRaisesRegex(ValueError, "not been initialized"):
+            sd.allreduce(tf.ones([1]))
+        sd.init()
+        self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name="shutdown.recovered"), [SIZE])
+
+
+class FusionBoundaryTest(tf.test.TestCase):
+    def test_tensors_larger_than_threshold_and_mixed_dtypes(self):
+        restart_engine(SMDIST_FUSION_THRESHOLD="4096")
+        try:
+            self.assertEqual(sd.engine_config()["fusion_threshold_bytes"], 4096)
+            shapes = [(10,), (5000,), (0,), (3, 7), (2048,), (1,), (1025,)]
+            dtypes = [tf.float32, tf.float16, tf.float32, tf.int32, tf.float32, tf.float64, tf.float32]
+            tensors = [tf.fill(s, tf.cast(RANK + 1, dt)) for s, dt in zip(shapes, dtypes)]
+            outs = sd.grouped_allreduce(tensors, op=sd.Sum)
+            total = SIZE * (SIZE + 1) / 2
+            for out, s, dt in zip(outs, shapes, dtypes):
+                self.assertEqual(out.dtype, dt)
+                self.assertAllClose(tf.cast(out, tf.float64), np.full(s, total))
+        finally:
+            restart_engine(SMDIST_FUSION_THRESHOLD="")
+
+
+if __name__ == "__main__":
+    tf.test.main()

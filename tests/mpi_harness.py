@@ -1,0 +1,63 @@
+"""Starts a test suite under mpirun, one process per rank, and reports its outcome.
+
+Each suite in tests/mp/ is an ordinary pytest module that every rank runs in
+full: one mpirun (and one TensorFlow import per rank) covers many tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import smdist_tf
+
+ROOT = Path(__file__).resolve().parent.parent
+MP_DIR = Path(__file__).resolve().parent / "mp"
+
+
+def mpirun_path() -> str:
+    """The mpirun of the MPI smdist_tf was built with."""
+    mpicxx = Path(smdist_tf.get_build_info()["mpicxx"])
+    return str(mpicxx.parent / "mpirun")
+
+
+def mpi_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_under_mpi(np: int, argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:
+    """Runs ``python argv...`` on ``np`` ranks; returns (exit code, combined output).
+
+    The whole process group is killed on timeout so a hung job cannot outlive the test.
+    """
+    cmd = [mpirun_path(), "-np", str(np), "--oversubscribe", "--bind-to", "none", sys.executable, *argv]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=mpi_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return 124, f"TIMED OUT after {timeout} s\n{out}"
+    return proc.returncode, out
+
+
+def run_suite(suite: str, np: int, timeout: float, env: dict | None = None) -> str:
+    """Runs tests/mp/<suite> with pytest on every rank; fails with all ranks' output otherwise."""
+    code, out = run_under_mpi(np, ["-m", "pytest", str(MP_DIR / suite), "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"], timeout, env)
+    if code != 0:
+        raise AssertionError(f"{suite} with {np} ranks failed (exit {code}):\n{out[-20000:]}")
+    return out

@@ -1,0 +1,119 @@
+"""A lone process (no launcher) is a job of size 1; build checks and pre-init errors.
+
+Runs inside the pytest process, so these tests also prove that scripts run
+unchanged on a laptop without mpirun.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import smdist_tf as sd
+from smdist_tf._native import check_tensorflow_version
+from tests.mpi_harness import ROOT, mpi_env
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    env = mpi_env()
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+class BeforeInitTest(tf.test.TestCase):
+    def test_collective_before_init_raises_clear_error(self):
+        result = run_python(
+            "import tensorflow as tf, smdist_tf as sd\n"
+            "for call in [lambda: sd.allreduce(tf.ones([2])), lambda: sd.allgather(tf.ones([2])), lambda: sd.barrier(), lambda: sd.rank()]:\n"
+            "    try:\n"
+            "        call()\n"
+            "    except ValueError as e:\n"
+            "        assert 'call smdist_tf.init()' in str(e), e\n"
+            "    else:\n"
+            "        raise SystemExit('no error')\n"
+            "from smdist_tf._native import op_module\n"
+            "try:\n"
+            "    op_module.smdist_allreduce(tensors=[tf.ones([2])], reduce_op=1, tensor_name='raw')\n"
+            "except tf.errors.FailedPreconditionError as e:\n"
+            "    assert 'not been initialized' in e.message\n"
+            "else:\n"
+            "    raise SystemExit('kernel did not refuse')\n"
+            "print('OK')\n"
+        )
+        self.assertIn("OK", result.stdout, result.stderr[-3000:])
+
+
+class BuildTest(tf.test.TestCase):
+    def test_build_introspection(self):
+        self.assertTrue(sd.mpi_built())
+        self.assertFalse(sd.nccl_built())
+        self.assertFalse(sd.cuda_built())
+        info = sd.get_build_info()
+        self.assertEqual(info["tensorflow_version"], tf.__version__)
+        self.assertIn(info["mpi_flavour"], ("openmpi", "mpich"))
+
+    def test_tensorflow_version_mismatch_says_rebuild(self):
+        check_tensorflow_version("2.21.0", "2.21.0")
+        with self.assertRaisesRegex(ImportError, "built against TensorFlow 2.20.0 but TensorFlow 2.21.0 is installed: rebuild"):
+            check_tensorflow_version("2.20.0", "2.21.0")
+
+    def test_import_refuses_other_tensorflow_build(self):
+        # Simulate a stale build by pointing the record at another version.
+        result = run_python(
+            "import json, pathlib, smdist_tf._native as n\n"
+            "import tensorflow as tf\n"
+            "n.read_build_info = lambda: {'tensorflow_version': '1.0.0'}\n"
+            "try:\n"
+            "    n.load()\n"
+            "except ImportError as e:\n"
+            "    print('REFUSED', e)\n"
+        )
+        self.assertIn("REFUSED smdist_tf was built against TensorFlow 1.0.0", result.stdout, result.stderr[-2000:])
+
+
+class SizeOneTest(tf.test.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        sd.init()
+
+    def test_topology(self):
+        self.assertTrue(sd.is_initialized())
+        self.assertEqual((sd.size(), sd.rank(), sd.local_size(), sd.local_rank(), sd.cross_size(), sd.cross_rank()), (1, 0, 1, 0, 1, 0))
+        self.assertTrue(sd.is_homogeneous())
+        self.assertIsInstance(sd.mpi_threads_supported(), bool)
+        config = sd.engine_config()
+        self.assertEqual(config["fusion_threshold_bytes"], 64 * 1024 * 1024)
+        self.assertEqual(config["stall_check_seconds"], 60.0)
+
+    def test_collectives_are_identity_like(self):
+        x = tf.constant([[1.0, 2.0], [3.0, 4.0]])
+        self.assertAllEqual(sd.allreduce(x), x)
+        self.assertAllEqual(sd.allreduce(x, op=sd.Product), x)
+        self.assertAllEqual(sd.allgather(x), x)
+        self.assertAllEqual(sd.broadcast(x, 0), x)
+        self.assertAllEqual(sd.alltoall(x), x)
+        out, splits = sd.alltoall(x, splits=[2])
+        self.assertAllEqual(splits, [2])
+        self.assertAllEqual(sd.reducescatter(x, op=sd.Sum), x)
+        self.assertEqual(len(sd.grouped_allreduce([x, x])), 2)
+        sd.barrier()
+
+    def test_distributed_gradient_tape_size_one(self):
+        v = tf.Variable(3.0)
+        with tf.GradientTape() as tape:
+            loss = v * v
+        grad = sd.DistributedGradientTape(tape).gradient(loss, [v])
+        self.assertAllClose(grad, [6.0])
+
+    def test_compression_round_trip(self):
+        x = tf.constant(np.linspace(-1, 1, 9), tf.float32)
+        wire, ctx = sd.Compression.fp16.compress(x)
+        self.assertEqual(wire.dtype, tf.float16)
+        self.assertEqual(sd.Compression.fp16.decompress(wire, ctx).dtype, tf.float32)
+        ints = tf.constant([1, 2])
+        self.assertEqual(sd.Compression.fp16.compress(ints)[0].dtype, tf.int32)
+
+    def test_init_with_comm_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "comm"):
+            sd.init(comm=[0])
