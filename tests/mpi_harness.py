@@ -7,6 +7,7 @@ full: one mpirun (and one TensorFlow import per rank) covers many tests.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,7 +58,11 @@ def run_under_mpi(np: int, argv: list[str], timeout: float, env: dict | None = N
 
 def run_suite(suite: str, np: int, timeout: float, env: dict | None = None) -> str:
     """Runs tests/mp/<suite> with pytest on every rank; fails with all ranks' output otherwise."""
-    code, out = run_under_mpi(np, ["-m", "pytest", str(MP_DIR / suite), "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"], timeout, env)
+    code, out = run_under_mpi(np, ["-m", "pytest", str(MP_DIR / suite), "-q", "-p", "no:cacheprovider", "--color=no", "-W", "ignore::DeprecationWarning"], timeout, env)
     if code != 0:
         raise AssertionError(f"{suite} with {np} ranks failed (exit {code}):\n{out[-20000:]}")
+    # Each rank prints its own pytest summary; all of them must have run tests.
+    summaries = re.findall(r"^=*\s*(\d+) passed", out, re.M)
+    if len(summaries) != np or not all(int(n) > 0 for n in summaries):
+        raise AssertionError(f"{suite}: expected {np} rank summaries with passing tests:\n{out[-5000:]}")
     return out

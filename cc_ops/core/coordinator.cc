@@ -178,12 +178,19 @@ ResponseList Coordinator::BuildResponses() {
   FuseAllreduces(&out.responses);
 
   const auto now = std::chrono::steady_clock::now();
+  bool stalled_too_long = false;
   for (const auto& kv : table_) {
-    std::string fatal = stall_inspector_.Inspect(kv.first, kv.second.seen, kv.second.first_seen, now);
-    if (fatal.empty()) continue;
-    // Name every stalled collective: each rank looks for its own in the message.
+    stalled_too_long |= stall_inspector_.Inspect(kv.first, kv.second.seen, kv.second.first_seen, now);
+  }
+  if (stalled_too_long) {
+    // Name every incomplete collective, not only the first past the deadline:
+    // each rank should find the one it is blocked on in the message.
     out.shutdown = true;
-    out.shutdown_error += out.shutdown_error.empty() ? fatal : "; " + fatal;
+    out.shutdown_error = stall_inspector_.ShutdownHeader();
+    for (const auto& kv : table_) {
+      const double waited = std::chrono::duration<double>(now - kv.second.first_seen).count();
+      out.shutdown_error += "\n  " + DescribeStall(kv.first, kv.second.seen, waited);
+    }
   }
   if (shutdown_) {
     out.shutdown = true;

@@ -25,20 +25,22 @@ std::string DescribeStall(const std::string& name, const std::vector<bool>& seen
          "runs the same collectives with the same names)";
 }
 
-std::string StallInspector::Inspect(const std::string& name, const std::vector<bool>& seen,
-                                    std::chrono::steady_clock::time_point first_seen,
-                                    std::chrono::steady_clock::time_point now) {
+bool StallInspector::Inspect(const std::string& name, const std::vector<bool>& seen,
+                             std::chrono::steady_clock::time_point first_seen,
+                             std::chrono::steady_clock::time_point now) {
   const double waited = std::chrono::duration<double>(now - first_seen).count();
-  if (shutdown_seconds_ > 0 && waited >= shutdown_seconds_) {
-    char limit[32];
-    std::snprintf(limit, sizeof(limit), "%g", shutdown_seconds_);
-    return "stall shutdown (SMDIST_STALL_SHUTDOWN_TIME=" + std::string(limit) + "): " +
-           DescribeStall(name, seen, waited);
-  }
+  if (shutdown_seconds_ > 0 && waited >= shutdown_seconds_) return true;
   if (check_seconds_ > 0 && waited >= check_seconds_ && warned_.insert(name).second) {
     LogWarning("stall: " + DescribeStall(name, seen, waited));
   }
-  return "";
+  return false;
+}
+
+std::string StallInspector::ShutdownHeader() const {
+  char limit[32];
+  std::snprintf(limit, sizeof(limit), "%g", shutdown_seconds_);
+  return "stall shutdown (SMDIST_STALL_SHUTDOWN_TIME=" + std::string(limit) +
+         " s): every rank stops; incomplete collectives:";
 }
 
 }  // namespace smdist

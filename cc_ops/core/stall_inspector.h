@@ -14,12 +14,14 @@ class StallInspector {
   StallInspector(double check_seconds, double shutdown_seconds)
       : check_seconds_(check_seconds), shutdown_seconds_(shutdown_seconds) {}
 
-  // Examines one pending collective. Returns a fatal message when it has
-  // stalled past the shutdown time, "" otherwise (warning at most once).
-  std::string Inspect(const std::string& name, const std::vector<bool>& seen,
+  // Examines one pending collective: warns (once) past the check time and
+  // returns true when it has stalled past the shutdown time.
+  bool Inspect(const std::string& name, const std::vector<bool>& seen,
                       std::chrono::steady_clock::time_point first_seen,
                       std::chrono::steady_clock::time_point now);
   void Forget(const std::string& name) { warned_.erase(name); }
+  // Opening line of the error every rank fails with on a stall shutdown.
+  std::string ShutdownHeader() const;
 
  private:
   double check_seconds_;
