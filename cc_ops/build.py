@@ -130,6 +130,17 @@ def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None) ->
     def obj(src: Path) -> Path:
         return obj_dir / src.parent.name / (src.stem + ".o")
 
+    # Objects built against another TensorFlow or MPI must not be reused:
+    # a changed toolchain stamp forces a full rebuild.
+    stamp = json.dumps([tf_version, tf_compile, tf_link, mpicxx, mpi_compile, mpi_link, CXX_FLAGS])
+    stamp_file = obj_dir / "toolchain.json"
+    if not stamp_file.exists() or stamp_file.read_text() != stamp:
+        shutil.rmtree(obj_dir, ignore_errors=True)
+        for old in out_dir.glob("*.so"):
+            old.unlink()
+        obj_dir.mkdir(parents=True, exist_ok=True)
+        stamp_file.write_text(stamp)
+
     jobs = [(s, obj(s), mpi_compile) for s in core_sources]
     jobs += [(s, obj(s), tf_compile) for s in tf_sources]
     jobs += [(s, obj(s), py_compile) for s in py_sources]

@@ -75,9 +75,13 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
     TensorEntry& e = (*entries)[0];
     const int64_t count = NumElements(e.shape);
     if (count == 0) return Status::OK();
-    if (e.output != e.input) std::memcpy(e.output, e.input, count * elem);
-    ScaleInPlace(dtype, e.output, count, e.prescale);
-    SMDIST_RETURN_IF_ERROR(transport_->Allreduce(e.output, count, dtype, WireOp(e.reduce_op)));
+    const void* send = e.input;
+    if (e.prescale != 1.0) {  // scale a copy: the input belongs to the caller
+      if (e.output != e.input) std::memcpy(e.output, e.input, count * elem);
+      ScaleInPlace(dtype, e.output, count, e.prescale);
+      send = e.output;
+    }
+    SMDIST_RETURN_IF_ERROR(transport_->Allreduce(send, e.output, count, dtype, WireOp(e.reduce_op)));
     FinishReduction(dtype, e.reduce_op, e.postscale, e.output, count);
     return Status::OK();
   }
@@ -96,7 +100,7 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
   }
   ScaleInPlace(dtype, buf, total, first.prescale);
   if (total > 0) {
-    SMDIST_RETURN_IF_ERROR(transport_->Allreduce(buf, total, dtype, WireOp(first.reduce_op)));
+    SMDIST_RETURN_IF_ERROR(transport_->Allreduce(buf, buf, total, dtype, WireOp(first.reduce_op)));
   }
   FinishReduction(dtype, first.reduce_op, first.postscale, buf, total);
   offset = 0;

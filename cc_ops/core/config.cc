@@ -44,6 +44,18 @@ EngineConfig EngineConfig::FromEnvironment() {
   c.stall_shutdown_seconds =
       ReadDouble("SMDIST_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
                  c.stall_shutdown_seconds);
+  c.hierarchical_allreduce = ReadDouble("SMDIST_HIERARCHICAL_ALLREDUCE",
+                                        "HOROVOD_HIERARCHICAL_ALLREDUCE", 0.0) != 0.0;
+  c.shm_segment_bytes = static_cast<int64_t>(
+      ReadDouble("SMDIST_SHM_SEGMENT_BYTES", "SMDIST_SHM_SEGMENT_BYTES",
+                 static_cast<double>(c.shm_segment_bytes)));
+  c.shm_min_bytes = static_cast<int64_t>(ReadDouble("SMDIST_SHM_MIN_BYTES", "SMDIST_SHM_MIN_BYTES",
+                                                    static_cast<double>(c.shm_min_bytes)));
+  c.cache_capacity = static_cast<int64_t>(ReadDouble(
+      "SMDIST_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", static_cast<double>(c.cache_capacity)));
+  if (c.cache_capacity < 0) c.cache_capacity = 0;
+  const char* timeline = FirstSet("SMDIST_TIMELINE", "HOROVOD_TIMELINE");
+  if (timeline != nullptr) c.timeline_path = timeline;
   const char* host = std::getenv("SMDIST_HOSTNAME");
   if (host != nullptr && *host != '\0') {
     c.hostname = host;

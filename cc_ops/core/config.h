@@ -13,6 +13,15 @@ struct EngineConfig {
   double stall_check_seconds = 60.0;   // <= 0 disables the warning
   double stall_shutdown_seconds = 0.0;  // <= 0 disables the shutdown
   std::string hostname;                 // identity of this host for topology
+  // Reduce across hosts as: within host (shared memory) -> across hosts -> within host.
+  bool hierarchical_allreduce = false;
+  // Per-rank shared-memory staging segment for intra-host reductions; 0 disables.
+  int64_t shm_segment_bytes = 16 * 1024 * 1024;
+  // Below this size MPI's own allreduce is faster than our shared-memory path.
+  int64_t shm_min_bytes = 256 * 1024;
+  // Collectives remembered for bit-vector negotiation; 0 disables the cache.
+  int64_t cache_capacity = 1024;
+  std::string timeline_path;  // Chrome-trace output; empty disables
 
   static EngineConfig FromEnvironment();
 };

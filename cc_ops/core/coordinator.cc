@@ -25,13 +25,14 @@ std::vector<int64_t> TrailingDims(const std::vector<int64_t>& shape) {
   return shape.empty() ? shape : std::vector<int64_t>(shape.begin() + 1, shape.end());
 }
 
-std::string FusionKey(const Request& r) {
-  return std::to_string(static_cast<int>(r.dtype)) + "/" +
-         std::to_string(static_cast<int>(r.reduce_op)) + "/" + FormatScale(r.prescale) + "/" +
-         FormatScale(r.postscale);
-}
-
 }  // namespace
+
+std::pair<std::string, int64_t> FusionInfo(const Request& r) {
+  std::string key = std::to_string(static_cast<int>(r.dtype)) + "/" +
+                    std::to_string(static_cast<int>(r.reduce_op)) + "/" +
+                    FormatScale(r.prescale) + "/" + FormatScale(r.postscale);
+  return {key, NumElements(r.shape) * static_cast<int64_t>(DataTypeSize(r.dtype))};
+}
 
 int64_t ReducescatterRows(int64_t dim0, int size, int rank) {
   return dim0 / size + (rank < dim0 % size ? 1 : 0);
@@ -87,10 +88,12 @@ std::string CheckAgreement(const std::string& name, const std::vector<Request>& 
   return "";
 }
 
-Coordinator::Coordinator(int size, int64_t fusion_threshold_bytes, StallInspector stall_inspector)
+Coordinator::Coordinator(int size, int64_t fusion_threshold_bytes, StallInspector stall_inspector,
+                         const ResponseCache* cache)
     : size_(size),
       fusion_threshold_bytes_(fusion_threshold_bytes),
-      stall_inspector_(std::move(stall_inspector)) {}
+      stall_inspector_(std::move(stall_inspector)),
+      cache_(cache) {}
 
 void Coordinator::Add(const RequestList& list, int rank) {
   if (list.shutdown && !shutdown_) {
@@ -99,6 +102,9 @@ void Coordinator::Add(const RequestList& list, int rank) {
   }
   const auto now = std::chrono::steady_clock::now();
   for (const Request& req : list.requests) {
+    if (cache_ != nullptr && cache_->Contains(req.name) && evicting_.insert(req.name).second) {
+      evictions_.push_back(req.name);
+    }
     Pending& p = table_[req.name];
     if (p.by_rank.empty()) {
       p.by_rank.resize(size_);
@@ -133,8 +139,9 @@ Response Coordinator::ResponseFor(const std::string& name, const Pending& pendin
   return resp;
 }
 
-void Coordinator::FuseAllreduces(std::vector<Response>* responses) const {
-  if (fusion_threshold_bytes_ <= 0) return;
+void FuseAllreduces(std::vector<Response>* responses, int64_t threshold_bytes,
+                    const std::function<std::pair<std::string, int64_t>(const std::string&)>& info) {
+  if (threshold_bytes <= 0) return;
   std::vector<Response> fused;
   // Index into `fused` of the open (still growing) response for each key.
   std::unordered_map<std::string, std::pair<size_t, int64_t>> open;
@@ -145,14 +152,14 @@ void Coordinator::FuseAllreduces(std::vector<Response>* responses) const {
       fused.push_back(std::move(r));
       continue;
     }
-    const auto& info = fusion_info_.at(r.names[0]);
-    auto it = open.find(info.first);
-    if (it != open.end() && it->second.second + info.second <= fusion_threshold_bytes_) {
+    const auto key_and_bytes = info(r.names[0]);
+    auto it = open.find(key_and_bytes.first);
+    if (it != open.end() && it->second.second + key_and_bytes.second <= threshold_bytes) {
       fused[it->second.first].names.push_back(r.names[0]);
-      it->second.second += info.second;
+      it->second.second += key_and_bytes.second;
       continue;
     }
-    open[info.first] = {fused.size(), info.second};
+    open[key_and_bytes.first] = {fused.size(), key_and_bytes.second};
     fused.push_back(std::move(r));
   }
   *responses = std::move(fused);
@@ -160,22 +167,24 @@ void Coordinator::FuseAllreduces(std::vector<Response>* responses) const {
 
 ResponseList Coordinator::BuildResponses() {
   ResponseList out;
-  fusion_info_.clear();
+  out.evictions = std::move(evictions_);
+  evictions_.clear();
+  evicting_.clear();
+  std::unordered_map<std::string, std::pair<std::string, int64_t>> fusion_info;
   for (const std::string& name : ready_) {
     auto it = table_.find(name);
     Response resp = ResponseFor(name, it->second);
     if (resp.response_type == ResponseType::kCollective &&
         resp.type == CollectiveType::kAllreduce) {
-      const Request& r = it->second.by_rank[0];
-      fusion_info_[name] = {FusionKey(r),
-                            NumElements(r.shape) * static_cast<int64_t>(DataTypeSize(r.dtype))};
+      fusion_info[name] = FusionInfo(it->second.by_rank[0]);
     }
     out.responses.push_back(std::move(resp));
     stall_inspector_.Forget(name);
     table_.erase(it);
   }
   ready_.clear();
-  FuseAllreduces(&out.responses);
+  FuseAllreduces(&out.responses, fusion_threshold_bytes_,
+                 [&fusion_info](const std::string& name) { return fusion_info.at(name); });
 
   const auto now = std::chrono::steady_clock::now();
   bool stalled_too_long = false;

@@ -9,16 +9,26 @@
 #include <unordered_map>
 #include <vector>
 
+#include <functional>
+#include <set>
+
 #include "message.h"
+#include "response_cache.h"
 #include "stall_inspector.h"
 
 namespace smdist {
 
 class Coordinator {
  public:
-  Coordinator(int size, int64_t fusion_threshold_bytes, StallInspector stall_inspector);
+  // `cache` (may be null) is rank 0's copy of the response cache, identical
+  // to every rank's: a fresh request for a cached name evicts it everywhere.
+  Coordinator(int size, int64_t fusion_threshold_bytes, StallInspector stall_inspector,
+              const ResponseCache* cache);
 
   void Add(const RequestList& list, int rank);
+  // Whether some collective is waiting for ranks (it needs stall inspection
+  // every cycle, so negotiation must not stay on the cached fast path).
+  bool HasPending() const { return !table_.empty(); }
   ResponseList BuildResponses();
 
  private:
@@ -30,7 +40,6 @@ class Coordinator {
   };
 
   Response ResponseFor(const std::string& name, const Pending& pending) const;
-  void FuseAllreduces(std::vector<Response>* responses) const;
 
   int size_;
   int64_t fusion_threshold_bytes_;
@@ -39,9 +48,19 @@ class Coordinator {
   std::vector<std::string> ready_;  // in the order they became ready
   bool shutdown_ = false;
   int shutdown_rank_ = -1;
-  // Byte size and fusion key of each ready allreduce, for fusion planning.
-  std::unordered_map<std::string, std::pair<std::string, int64_t>> fusion_info_;
+  const ResponseCache* cache_;
+  std::vector<std::string> evictions_;
+  std::set<std::string> evicting_;
 };
+
+// Fusion key ("same dtype, op and scaling") and byte size of an allreduce.
+std::pair<std::string, int64_t> FusionInfo(const Request& request);
+
+// Merges allreduce responses with the same fusion key, in order, into
+// responses of at most `threshold_bytes` (a larger tensor travels alone).
+// `info` gives each name's key and size. threshold <= 0 disables fusion.
+void FuseAllreduces(std::vector<Response>* responses, int64_t threshold_bytes,
+                    const std::function<std::pair<std::string, int64_t>(const std::string&)>& info);
 
 // Validates that all ranks agree on a collective. Returns "" when they do,
 // otherwise a message naming the tensor and what differs.

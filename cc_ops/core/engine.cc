@@ -1,9 +1,14 @@
 #include "engine.h"
 
+#include <chrono>
+#include <map>
+#include <unordered_map>
+
 #include "collective_executor.h"
 #include "coordinator.h"
 #include "logging.h"
 #include "mpi_transport.h"
+#include "response_cache.h"
 
 namespace smdist {
 
@@ -20,11 +25,18 @@ Engine::~Engine() {
 
 Status Engine::Init() {
   std::lock_guard<std::mutex> lock(lifecycle_mu_);
-  if (initialized_) return Status::OK();
+  if (initialized_) {
+    {
+      std::lock_guard<std::mutex> state(state_mu_);
+      if (running_) return Status::OK();
+    }
+    // Stopped by another rank or a stall: clean up, then start afresh.
+    ReleaseLocked();
+  }
   SMDIST_RETURN_IF_ERROR(EnsureMpiInitialized(&mpi_threads_multiple_));
   config_ = EngineConfig::FromEnvironment();
   std::unique_ptr<MpiTransport> mpi;
-  SMDIST_RETURN_IF_ERROR(MpiTransport::Create(config_.hostname, &mpi));
+  SMDIST_RETURN_IF_ERROR(MpiTransport::Create(config_, &mpi));
   transport_ = std::move(mpi);
   SetLogRank(transport_->topology().rank);
   queue_ = std::make_unique<TensorQueue>();
@@ -41,14 +53,17 @@ Status Engine::Init() {
 
 Status Engine::Shutdown() {
   std::lock_guard<std::mutex> lock(lifecycle_mu_);
-  if (!initialized_) return Status::OK();
+  if (initialized_) ReleaseLocked();
+  return Status::OK();
+}
+
+void Engine::ReleaseLocked() {
   shutdown_requested_ = true;
   queue_->Wake();
   if (thread_.joinable()) thread_.join();
   initialized_ = false;
   queue_.reset();
   transport_.reset();
-  return Status::OK();
 }
 
 void Engine::Finalize() {
@@ -88,66 +103,209 @@ void Engine::Stop(const std::string& reason) {
   }
 }
 
+struct Engine::CycleState {
+  CycleState(const Topology& topo, const EngineConfig& config, Transport* transport)
+      : cache(config.cache_capacity),
+        coordinator(topo.size, config.fusion_threshold_bytes,
+                    StallInspector(config.stall_check_seconds, config.stall_shutdown_seconds),
+                    config.cache_capacity > 0 ? &cache : nullptr),
+        executor(transport) {}
+
+  struct CachedPending {
+    Request request;
+    std::chrono::steady_clock::time_point since;
+  };
+  ResponseCache cache;
+  Coordinator coordinator;
+  CollectiveExecutor executor;
+  std::map<int64_t, CachedPending> cached_pending;  // by cache bit
+  std::vector<Request> requeued;  // evicted while pending: renegotiate in full
+};
+
 void Engine::BackgroundLoop() {
-  const Topology topo = transport_->topology();
-  Coordinator coordinator(topo.size, config_.fusion_threshold_bytes,
-                          StallInspector(config_.stall_check_seconds, config_.stall_shutdown_seconds));
-  CollectiveExecutor executor(transport_.get());
-  while (RunCycle(&coordinator, &executor)) {
+  CycleState state(transport_->topology(), config_, transport_.get());
+  while (RunCycle(&state)) {
   }
 }
 
-bool Engine::RunCycle(Coordinator* coordinator, CollectiveExecutor* executor) {
-  const auto cycle_us = static_cast<int64_t>(config_.cycle_time_ms * 1000.0);
-  queue_->WaitForWork(cycle_us);
+namespace {
+constexpr uint64_t kNotShuttingDown = 1, kNothingUncached = 2, kNoStallSuspected = 4,
+                   kCoordinatorIdle = 8;
+constexpr uint64_t kFastPath = kNotShuttingDown | kNothingUncached | kCoordinatorIdle;
 
-  RequestList mine;
-  queue_->PopRequests(&mine.requests);
-  mine.shutdown = shutdown_requested_.load();
+bool TestBit(const std::vector<uint64_t>& words, int64_t bit) {
+  return (words[1 + bit / 64] >> (bit % 64)) & 1u;
+}
+}  // namespace
 
-  std::vector<std::vector<uint8_t>> gathered;
-  Status s = transport_->GatherToRoot(mine.Serialize(), &gathered);
-  if (!s.ok()) {
-    Stop("negotiation failed: " + s.message());
-    return false;
+Status Engine::NegotiateCached(CycleState* state, std::vector<Request>* uncached,
+                               std::vector<Response>* ready, bool* needs_full) {
+  ResponseCache& cache = state->cache;
+  const auto now = std::chrono::steady_clock::now();
+  // A cached collective pending this long is renegotiated in full so rank 0's
+  // stall inspector can name the missing ranks.
+  double stall_after = config_.stall_check_seconds;
+  if (stall_after <= 0 || (config_.stall_shutdown_seconds > 0 &&
+                           config_.stall_shutdown_seconds < stall_after)) {
+    stall_after = config_.stall_shutdown_seconds;
   }
+  bool stall_suspected = false;
+  std::vector<uint64_t> words(1 + (cache.capacity() + 63) / 64, 0);
+  for (const auto& kv : state->cached_pending) {
+    words[1 + kv.first / 64] |= uint64_t{1} << (kv.first % 64);
+    const double waited = std::chrono::duration<double>(now - kv.second.since).count();
+    stall_suspected |= stall_after > 0 && waited >= stall_after;
+  }
+  if (!shutdown_requested_) words[0] |= kNotShuttingDown;
+  if (uncached->empty()) words[0] |= kNothingUncached;
+  if (!stall_suspected) words[0] |= kNoStallSuspected;
+  if (!state->coordinator.HasPending()) words[0] |= kCoordinatorIdle;  // only rank 0's can be busy
+  std::vector<uint64_t> mine = words;
+  SMDIST_RETURN_IF_ERROR(transport_->AllreduceBits(&words, /*bitwise_and=*/true));
+
+  std::vector<int64_t> ready_bits;
+  for (const auto& kv : state->cached_pending) {
+    if (TestBit(words, kv.first)) ready_bits.push_back(kv.first);  // ascending: same order everywhere
+  }
+  std::unordered_map<std::string, std::pair<std::string, int64_t>> fusion_info;
+  for (int64_t bit : ready_bits) {
+    Response r = cache.response(bit);
+    r.names = {cache.name(bit)};
+    fusion_info[cache.name(bit)] = FusionInfo(cache.params(bit));
+    ready->push_back(std::move(r));
+    state->cached_pending.erase(bit);
+  }
+  FuseAllreduces(ready, config_.fusion_threshold_bytes,
+                 [&fusion_info](const std::string& name) { return fusion_info.at(name); });
+  *needs_full = (words[0] & kFastPath) != kFastPath;
+  if ((words[0] & kNoStallSuspected) == 0) {
+    // Everyone forgets every collective still pending anywhere and sends the
+    // ones it holds in full; the same evictions happen on every rank.
+    std::vector<uint64_t> any = mine;
+    any[0] = 0;
+    SMDIST_RETURN_IF_ERROR(transport_->AllreduceBits(&any, /*bitwise_and=*/false));
+    for (int64_t bit = 0; bit < cache.capacity(); ++bit) {
+      if (!TestBit(any, bit)) continue;
+      auto it = state->cached_pending.find(bit);
+      if (it != state->cached_pending.end()) {
+        uncached->push_back(it->second.request);
+        state->cached_pending.erase(it);
+      }
+      cache.Erase(cache.name(bit));
+    }
+    *needs_full = true;
+  }
+  return Status::OK();
+}
+
+Status Engine::NegotiateFull(CycleState* state, std::vector<Request> uncached, ResponseList* out) {
+  RequestList mine;
+  mine.requests = std::move(uncached);
+  mine.shutdown = shutdown_requested_.load();
+  std::vector<std::vector<uint8_t>> gathered;
+  SMDIST_RETURN_IF_ERROR(transport_->GatherToRoot(mine.Serialize(), &gathered));
   std::vector<uint8_t> bytes;
   if (transport_->topology().rank == 0) {
     for (size_t r = 0; r < gathered.size(); ++r) {
       RequestList list;
       if (!RequestList::Parse(gathered[r].data(), gathered[r].size(), &list)) {
-        LogError("malformed request list from rank " + std::to_string(r));
-        continue;
+        return Status::Unknown("malformed request list from rank " + std::to_string(r));
       }
-      coordinator->Add(list, static_cast<int>(r));
+      state->coordinator.Add(list, static_cast<int>(r));
     }
-    bytes = coordinator->BuildResponses().Serialize();
+    bytes = state->coordinator.BuildResponses().Serialize();
   }
-  s = transport_->BroadcastFromRoot(&bytes);
-  ResponseList responses;
-  if (!s.ok() || !ResponseList::Parse(bytes.data(), bytes.size(), &responses)) {
-    Stop("negotiation failed: " + (s.ok() ? std::string("malformed response list") : s.message()));
-    return false;
+  SMDIST_RETURN_IF_ERROR(transport_->BroadcastFromRoot(&bytes));
+  if (!ResponseList::Parse(bytes.data(), bytes.size(), out)) {
+    return Status::Unknown("malformed response list");
   }
+  return Status::OK();
+}
 
-  for (const Response& response : responses.responses) {
-    std::vector<TensorEntry> entries(response.names.size());
-    for (size_t i = 0; i < response.names.size(); ++i) {
-      if (!queue_->Take(response.names[i], &entries[i])) {
-        Stop("internal error: negotiated collective '" + response.names[i] +
-             "' is unknown on this rank");
-        return false;
-      }
-    }
-    s = executor->Execute(response, &entries);
-    if (!s.ok()) {
-      Stop("collective failed: " + s.message());
+bool Engine::Execute(CycleState* state, const Response& response, bool remember) {
+  std::vector<TensorEntry> entries(response.names.size());
+  std::vector<Request> requests(response.names.size());
+  for (size_t i = 0; i < response.names.size(); ++i) {
+    if (!queue_->Take(response.names[i], &entries[i], &requests[i])) {
+      Stop("internal error: negotiated collective '" + response.names[i] +
+           "' is unknown on this rank");
       return false;
     }
   }
-  if (responses.shutdown) {
-    if (responses.shutdown_error.rfind("stall", 0) == 0) LogError(responses.shutdown_error);
-    Stop(responses.shutdown_error);
+  Status s = state->executor.Execute(response, &entries);
+  if (!s.ok()) {
+    Stop("collective failed: " + s.message());
+    return false;
+  }
+  if (remember && response.response_type == ResponseType::kCollective &&
+      state->cache.capacity() > 0) {
+    // Every rank executes the same responses in the same order, so every
+    // cache assigns the same bits.
+    for (const Request& request : requests) {
+      Response single = response;
+      single.names = {request.name};
+      state->cache.Put(request, single);
+    }
+  }
+  return true;
+}
+
+bool Engine::RunCycle(CycleState* state) {
+  // Sleep only when idle: a rank with collectives in flight goes straight to
+  // the next cycle, so a lone tensor never waits out a cycle for its peers.
+  if (!queue_->HasInFlight()) {
+    queue_->WaitForWork(static_cast<int64_t>(config_.cycle_time_ms * 1000.0));
+  }
+  std::vector<Request> fresh;
+  queue_->PopRequests(&fresh);
+  std::vector<Request> uncached = std::move(state->requeued);
+  state->requeued.clear();
+
+  std::vector<Response> cached_ready;
+  bool needs_full = true;
+  Status s;
+  if (state->cache.capacity() > 0) {
+    const auto now = std::chrono::steady_clock::now();
+    for (Request& r : fresh) {
+      const int64_t bit = state->cache.Lookup(r);
+      if (bit >= 0) {
+        state->cached_pending[bit] = CycleState::CachedPending{std::move(r), now};
+      } else {
+        uncached.push_back(std::move(r));
+      }
+    }
+    s = NegotiateCached(state, &uncached, &cached_ready, &needs_full);
+  } else {
+    for (Request& r : fresh) uncached.push_back(std::move(r));
+  }
+  ResponseList full;
+  if (s.ok() && needs_full) s = NegotiateFull(state, std::move(uncached), &full);
+  if (!s.ok()) {
+    Stop("negotiation failed: " + s.message());
+    return false;
+  }
+
+  for (const Response& response : cached_ready) {
+    if (!Execute(state, response, /*remember=*/false)) return false;
+  }
+  for (const std::string& name : full.evictions) {
+    // Some rank changed this collective: forget it everywhere; a rank that
+    // had it pending as cached sends it in full next cycle.
+    for (auto it = state->cached_pending.begin(); it != state->cached_pending.end(); ++it) {
+      if (it->second.request.name == name) {
+        state->requeued.push_back(it->second.request);
+        state->cached_pending.erase(it);
+        break;
+      }
+    }
+    state->cache.Erase(name);
+  }
+  for (const Response& response : full.responses) {
+    if (!Execute(state, response, /*remember=*/true)) return false;
+  }
+  if (full.shutdown) {
+    if (full.shutdown_error.rfind("stall", 0) == 0) LogError(full.shutdown_error);
+    Stop(full.shutdown_error);
     return false;
   }
   return true;

@@ -23,7 +23,8 @@ class Engine {
   static Engine& Instance();
   ~Engine();
 
-  // Collective over all processes. Idempotent while running.
+  // Collective over all processes. Idempotent while running; restarts an
+  // engine that another rank or a stall stopped.
   Status Init();
   // Stops the engine on every rank (the others learn it in the next cycle);
   // pending collectives fail. Init() may be called again afterwards.
@@ -42,9 +43,20 @@ class Engine {
 
  private:
   Engine() = default;
+  // Stops the thread and frees the transport; lifecycle_mu_ held.
+  void ReleaseLocked();
+  struct CycleState;
   void BackgroundLoop();
   // One negotiation + execution cycle; false when the engine must stop.
-  bool RunCycle(class Coordinator* coordinator, class CollectiveExecutor* executor);
+  bool RunCycle(CycleState* state);
+  // Bit-vector round for cached collectives: fills `ready` with the cached
+  // collectives every rank has submitted; `needs_full` when anyone has
+  // uncached work, asked to shut down, or suspects a stall.
+  Status NegotiateCached(CycleState* state, std::vector<Request>* uncached,
+                         std::vector<Response>* ready, bool* needs_full);
+  Status NegotiateFull(CycleState* state, std::vector<Request> uncached, ResponseList* out);
+  // Takes this rank's entries for `response` and runs it; false on a fatal error.
+  bool Execute(CycleState* state, const Response& response, bool remember);
   void Stop(const std::string& reason);
 
   mutable std::mutex lifecycle_mu_;  // Init/Shutdown

@@ -51,6 +51,8 @@ std::vector<uint8_t> ResponseList::Serialize() const {
   WireWriter w;
   w.Put<uint8_t>(shutdown ? 1 : 0);
   w.PutString(shutdown_error);
+  w.Put<uint32_t>(static_cast<uint32_t>(evictions.size()));
+  for (const auto& name : evictions) w.PutString(name);
   w.Put<uint32_t>(static_cast<uint32_t>(responses.size()));
   for (const Response& r : responses) {
     w.Put<int32_t>(static_cast<int32_t>(r.response_type));
@@ -67,6 +69,9 @@ bool ResponseList::Parse(const uint8_t* data, size_t size, ResponseList* out) {
   WireReader rd(data, size);
   out->shutdown = rd.Get<uint8_t>() != 0;
   out->shutdown_error = rd.GetString();
+  auto evictions = rd.Get<uint32_t>();
+  out->evictions.clear();
+  for (uint32_t i = 0; i < evictions && rd.ok(); ++i) out->evictions.push_back(rd.GetString());
   auto n = rd.Get<uint32_t>();
   out->responses.clear();
   for (uint32_t i = 0; i < n && rd.ok(); ++i) {

@@ -53,6 +53,9 @@ struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;
   std::string shutdown_error;  // non-empty: the engine stops with this error
+  // Cached collectives every rank must forget before executing `responses`
+  // (some rank submitted them with new parameters).
+  std::vector<std::string> evictions;
 
   std::vector<uint8_t> Serialize() const;
   static bool Parse(const uint8_t* data, size_t size, ResponseList* out);

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
+#include "mpi_types.h"
 #include "reduction.h"
 
 namespace smdist {
@@ -34,6 +36,27 @@ template <ReduceOp kOp>
 void CustomReduce(void* in, void* inout, int* len, MPI_Datatype* dt) {
   ReduceInto(DataTypeOfMpi(*dt), kOp, in, inout, *len);
 }
+
+Status ToIntCounts(const std::vector<int64_t>& counts, std::vector<int>* out,
+                   std::vector<int>* displs) {
+  out->resize(counts.size());
+  displs->resize(counts.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] > INT_MAX || offset > INT_MAX) {
+      return Status::InvalidArgument("tensor too large for one MPI call (more than 2^31 elements)");
+    }
+    (*out)[i] = static_cast<int>(counts[i]);
+    (*displs)[i] = static_cast<int>(offset);
+    offset += counts[i];
+  }
+  return Status::OK();
+}
+
+// Large buffers go through MPI in pieces because MPI counts are ints.
+constexpr int64_t kMaxChunk = INT_MAX / 2;
+
+}  // namespace
 
 MPI_Datatype MpiType(DataType dtype) {
   switch (dtype) {
@@ -69,32 +92,14 @@ Status MpiError(int code, const char* what) {
   return Status::Unknown(std::string(what) + " failed: " + std::string(text, len));
 }
 
-Status ToIntCounts(const std::vector<int64_t>& counts, std::vector<int>* out,
-                   std::vector<int>* displs) {
-  out->resize(counts.size());
-  displs->resize(counts.size());
-  int64_t offset = 0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    if (counts[i] > INT_MAX || offset > INT_MAX) {
-      return Status::InvalidArgument("tensor too large for one MPI call (more than 2^31 elements)");
-    }
-    (*out)[i] = static_cast<int>(counts[i]);
-    (*displs)[i] = static_cast<int>(offset);
-    offset += counts[i];
-  }
-  return Status::OK();
-}
-
-// Large buffers go through MPI in pieces because MPI counts are ints.
-constexpr int64_t kMaxChunk = INT_MAX / 2;
-
-}  // namespace
-
 Status EnsureMpiInitialized(bool* threads_multiple) {
   std::lock_guard<std::mutex> lock(g_mpi_init_mutex);
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
+    // Our shared windows need Open MPI's shared-memory one-sided component;
+    // the UCX one only prints errors on a single host. Users can override.
+    setenv("OMPI_MCA_osc", "^ucx", 0);
     int provided = 0;
     int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Init_thread");
@@ -134,7 +139,8 @@ void FinalizeMpiIfOwned() {
   }
 }
 
-Status MpiTransport::Create(const std::string& hostname, std::unique_ptr<MpiTransport>* out) {
+Status MpiTransport::Create(const EngineConfig& config, std::unique_ptr<MpiTransport>* out) {
+  const std::string& hostname = config.hostname;
   auto t = std::make_unique<MpiTransport>();
   int rc = MPI_Comm_dup(MPI_COMM_WORLD, &t->world_);
   if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Comm_dup");
@@ -168,11 +174,25 @@ Status MpiTransport::Create(const std::string& hostname, std::unique_ptr<MpiTran
   MPI_Allgather(&topo.local_size, 1, MPI_INT, local_sizes.data(), 1, MPI_INT, t->world_);
   topo.is_homogeneous = true;
   for (int s : local_sizes) topo.is_homogeneous &= (s == local_sizes[0]);
+
+  // Shared-memory path: within one host always; across hosts only when asked
+  // for hierarchical allreduce and every host has the same layout (shards of
+  // the same index must line up across hosts).
+  const bool multi_host = topo.cross_size > 1;
+  t->hierarchical_ = multi_host && config.hierarchical_allreduce && topo.is_homogeneous;
+  const bool use_shm = topo.local_size > 1 && config.shm_segment_bytes > 0 &&
+                       (!multi_host || t->hierarchical_);
+  if (use_shm) {
+    SMDIST_RETURN_IF_ERROR(SharedMemoryAllreduce::Create(
+        t->local_, t->hierarchical_ ? t->cross_ : MPI_COMM_NULL, config.shm_segment_bytes, &t->shm_));
+  }
+  t->shm_min_bytes_ = config.shm_min_bytes;
   *out = std::move(t);
   return Status::OK();
 }
 
 MpiTransport::~MpiTransport() {
+  shm_.reset();  // frees its window before the communicators go
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
@@ -219,13 +239,24 @@ Status MpiTransport::BroadcastFromRoot(std::vector<uint8_t>* bytes) {
   return Broadcast(bytes->data(), size, DataType::kUInt8, 0);
 }
 
-Status MpiTransport::Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) {
-  auto* p = static_cast<uint8_t*>(buffer);
+Status MpiTransport::AllreduceBits(std::vector<uint64_t>* words, bool bitwise_and) {
+  int rc = MPI_Allreduce(MPI_IN_PLACE, words->data(), static_cast<int>(words->size()),
+                         MPI_UINT64_T, bitwise_and ? MPI_BAND : MPI_BOR, world_);
+  return MpiError(rc, "MPI_Allreduce(bits)");
+}
+
+Status MpiTransport::Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                               ReduceOp op) {
   const size_t elem = DataTypeSize(dtype);
+  if (shm_ && count * static_cast<int64_t>(elem) >= shm_min_bytes_) {
+    return shm_->Run(input, output, count, dtype, op);
+  }
+  const auto* in = static_cast<const uint8_t*>(input);
+  auto* out = static_cast<uint8_t*>(output);
   for (int64_t done = 0; done < count; done += kMaxChunk) {
     int n = static_cast<int>(std::min(kMaxChunk, count - done));
-    int rc = MPI_Allreduce(MPI_IN_PLACE, p + done * elem, n, MpiType(dtype), MpiOp(dtype, op),
-                           world_);
+    const void* send = in == out ? MPI_IN_PLACE : in + done * elem;
+    int rc = MPI_Allreduce(send, out + done * elem, n, MpiType(dtype), MpiOp(dtype, op), world_);
     if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce");
   }
   return Status::OK();

@@ -6,6 +6,8 @@
 
 #include <memory>
 
+#include "config.h"
+#include "shared_memory_allreduce.h"
 #include "transport.h"
 
 namespace smdist {
@@ -17,8 +19,9 @@ void FinalizeMpiIfOwned();
 
 class MpiTransport : public Transport {
  public:
-  // Collective over COMM_WORLD. `hostname` decides which ranks share a host.
-  static Status Create(const std::string& hostname, std::unique_ptr<MpiTransport>* out);
+  // Collective over COMM_WORLD. `config.hostname` decides which ranks share a
+  // host; the shared-memory and hierarchical settings pick the allreduce path.
+  static Status Create(const EngineConfig& config, std::unique_ptr<MpiTransport>* out);
   MpiTransport() = default;  // use Create(); public for std::make_unique
   ~MpiTransport() override;
 
@@ -28,8 +31,11 @@ class MpiTransport : public Transport {
   Status GatherToRoot(const std::vector<uint8_t>& mine,
                       std::vector<std::vector<uint8_t>>* gathered) override;
   Status BroadcastFromRoot(std::vector<uint8_t>* bytes) override;
+  Status AllreduceBits(std::vector<uint64_t>* words, bool bitwise_and) override;
 
-  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override;
+  Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                   ReduceOp op) override;
+  bool hierarchical() const { return hierarchical_; }
   Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
                     DataType dtype) override;
   Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) override;
@@ -44,6 +50,9 @@ class MpiTransport : public Transport {
   MPI_Comm world_ = MPI_COMM_NULL;
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Comm cross_ = MPI_COMM_NULL;
+  std::unique_ptr<SharedMemoryAllreduce> shm_;
+  int64_t shm_min_bytes_ = 0;
+  bool hierarchical_ = false;
 };
 
 }  // namespace smdist

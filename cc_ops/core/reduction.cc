@@ -1,6 +1,8 @@
 #include "reduction.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 
 #include "half.h"
@@ -75,7 +77,42 @@ void DivideTyped(void* buf, int64_t n, int64_t divisor) {
   for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(divisor));
 }
 
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void ReduceManyHalfLike(ReduceOp op, const void* const* inputs, int n, void* out, int64_t count) {
+  // Blocked so the float accumulator stays in L1 while every input streams by.
+  constexpr int64_t kBlock = 1024;
+  float acc[kBlock];
+  uint16_t* o = static_cast<uint16_t*>(out);
+  for (int64_t base = 0; base < count; base += kBlock) {
+    const int64_t len = std::min(kBlock, count - base);
+    const uint16_t* first = static_cast<const uint16_t*>(inputs[0]) + base;
+    for (int64_t i = 0; i < len; ++i) acc[i] = ToFloat(first[i]);
+    for (int k = 1; k < n; ++k) {
+      const uint16_t* in = static_cast<const uint16_t*>(inputs[k]) + base;
+      if (op == ReduceOp::kSum || op == ReduceOp::kAverage) {
+        for (int64_t i = 0; i < len; ++i) acc[i] += ToFloat(in[i]);
+      } else {
+        for (int64_t i = 0; i < len; ++i) acc[i] = ApplyOp<float>(op, ToFloat(in[i]), acc[i]);
+      }
+    }
+    for (int64_t i = 0; i < len; ++i) o[base + i] = FromFloat(acc[i]);
+  }
+}
+
 }  // namespace
+
+void ReduceMany(DataType dtype, ReduceOp op, const void* const* inputs, int n, void* out,
+                int64_t count) {
+  if (dtype == DataType::kFloat16) {
+    return ReduceManyHalfLike<HalfToFloat, FloatToHalf>(op, inputs, n, out, count);
+  }
+  if (dtype == DataType::kBFloat16) {
+    return ReduceManyHalfLike<BFloat16ToFloat, FloatToBFloat16>(op, inputs, n, out, count);
+  }
+  const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
+  if (out != inputs[0]) std::memcpy(out, inputs[0], bytes);
+  for (int k = 1; k < n; ++k) ReduceInto(dtype, op, inputs[k], out, count);
+}
 
 void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout, int64_t count) {
   switch (dtype) {

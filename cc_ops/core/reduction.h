@@ -13,6 +13,11 @@ namespace smdist {
 // Min/Max propagate NaN as TensorFlow's minimum/maximum do.
 void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout, int64_t count);
 
+// out[i] = op over inputs[0..n)[i]. 16-bit floats accumulate every input in
+// float32 and round once. `out` may alias inputs[0].
+void ReduceMany(DataType dtype, ReduceOp op, const void* const* inputs, int n, void* out,
+                int64_t count);
+
 // buf[i] *= factor. Integers are scaled in double and truncated toward zero.
 void ScaleInPlace(DataType dtype, void* buf, int64_t count, double factor);
 

@@ -29,9 +29,9 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, int rank) {
       r.postscale = e.postscale;
       r.splits = e.splits;
       r.error = e.local_error;
-      fresh_.push_back(std::move(r));
+      fresh_.push_back(r);
       std::string name = e.name;
-      table_.emplace(std::move(name), std::move(e));
+      table_.emplace(std::move(name), Pending{std::move(e), std::move(r)});
     }
     woken_ = true;
   }
@@ -63,11 +63,17 @@ void TensorQueue::Wake() {
   cv_.notify_all();
 }
 
-bool TensorQueue::Take(const std::string& name, TensorEntry* entry) {
+bool TensorQueue::HasInFlight() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !table_.empty();
+}
+
+bool TensorQueue::Take(const std::string& name, TensorEntry* entry, Request* request) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = table_.find(name);
   if (it == table_.end()) return false;
-  *entry = std::move(it->second);
+  *entry = std::move(it->second.entry);
+  *request = std::move(it->second.request);
   table_.erase(it);
   return true;
 }
@@ -75,7 +81,7 @@ bool TensorQueue::Take(const std::string& name, TensorEntry* entry) {
 std::vector<TensorEntry> TensorQueue::TakeAll() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<TensorEntry> all;
-  for (auto& kv : table_) all.push_back(std::move(kv.second));
+  for (auto& kv : table_) all.push_back(std::move(kv.second.entry));
   table_.clear();
   fresh_.clear();
   return all;

@@ -25,8 +25,11 @@ class TensorQueue {
   bool WaitForWork(int64_t timeout_us);
   void Wake();
 
-  // Removes and returns the entry; false when unknown.
-  bool Take(const std::string& name, TensorEntry* entry);
+  // Whether any entry submitted here is still waiting to be executed.
+  bool HasInFlight();
+
+  // Removes and returns the entry and the request made from it; false when unknown.
+  bool Take(const std::string& name, TensorEntry* entry, Request* request);
 
   // Removes every entry (used when the engine stops).
   std::vector<TensorEntry> TakeAll();
@@ -34,7 +37,11 @@ class TensorQueue {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::unordered_map<std::string, TensorEntry> table_;
+  struct Pending {
+    TensorEntry entry;
+    Request request;
+  };
+  std::unordered_map<std::string, Pending> table_;
   std::deque<Request> fresh_;
   bool woken_ = false;
 };

@@ -36,9 +36,14 @@ class Transport {
   // Rank 0's `bytes` replace every other rank's.
   virtual Status BroadcastFromRoot(std::vector<uint8_t>* bytes) = 0;
 
+  // Bitwise AND (or OR) of every rank's words, in place: cached negotiation.
+  virtual Status AllreduceBits(std::vector<uint64_t>* words, bool bitwise_and) = 0;
+
   // Data plane. Counts are in elements of `dtype`.
-  // In place; `op` is Sum, Min, Max or Product (Average is done by the caller).
-  virtual Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) = 0;
+  // `op` is Sum, Min, Max or Product (Average is done by the caller).
+  // `input` may equal `output` (in place).
+  virtual Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                           ReduceOp op) = 0;
   // Concatenates every rank's `send` into `recv` in rank order.
   virtual Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
                             DataType dtype) = 0;

@@ -123,6 +123,40 @@ class MismatchTest(tf.test.TestCase):
         self.assert_fails_everywhere(lambda: sd.grouped_allreduce(tensors, name="m.group"), r"'m\.group\.1'")
 
 
+class ResponseCacheTest(tf.test.TestCase):
+    """Repeated collectives are negotiated through the bit-vector cache; changes must still be caught."""
+
+    def test_cached_collective_with_new_shape_on_one_rank_fails_everywhere(self):
+        for _ in range(3):
+            self.assertAllClose(sd.allreduce(tf.ones([2]), op=sd.Sum, name="cache.x"), [SIZE] * 2)
+        shape = [3] if RANK == 0 else [2]
+        with self.assertRaisesRegex(tf.errors.FailedPreconditionError, "mismatched shapes.*'cache.x'"):
+            sd.allreduce(tf.ones(shape), op=sd.Sum, name="cache.x")
+        self.assertAllClose(sd.allreduce(tf.ones([2]), op=sd.Sum, name="cache.x"), [SIZE] * 2)
+
+    def test_cached_collective_changed_on_every_rank_renegotiates(self):
+        for n in [4, 4, 6, 6, 1]:
+            self.assertAllClose(sd.allreduce(tf.ones([n]), op=sd.Sum, name="cache.y"), [SIZE] * n)
+        for rows in [1, 2, 2]:  # allgather with a first dimension that changes per rank
+            out = sd.allgather(tf.ones([rows + RANK, 2]), name="cache.gather")
+            self.assertEqual(out.shape[0], sum(rows + r for r in range(SIZE)))
+
+    def test_stall_of_cached_collective_is_reported(self):
+        restart_engine(SMDIST_STALL_CHECK_TIME="1")
+        try:
+            for _ in range(2):
+                sd.allreduce(tf.ones([1]), name="cache.late")
+            with CapturedStderr() as captured:
+                if RANK == LAST:
+                    time.sleep(2.5)
+                sd.allreduce(tf.ones([1]), name="cache.late")
+            if RANK == 0:
+                self.assertIn("cache.late", captured.text)
+                self.assertRegex(captured.text, rf"not by rank\(s\) \[{LAST}\]")
+        finally:
+            restart_engine(SMDIST_STALL_CHECK_TIME="")
+
+
 class LocalMisuseTest(tf.test.TestCase):
     def test_duplicate_name_in_flight(self):
         # Rank 0 has 'dup' pending (the other ranks submit it later); a second
@@ -179,12 +213,15 @@ class ShutdownTest(tf.test.TestCase):
         if RANK == 0:
             time.sleep(0.5)
             sd.shutdown()
+            with self.assertRaisesRegex(ValueError, "not been initialized"):
+                sd.allreduce(tf.ones([1]))
         else:
             with self.assertRaisesRegex(tf.errors.AbortedError, "shut down"):
                 sd.allreduce(tf.ones([1]), name="never.on.rank0")
-            sd.shutdown()
-        with self.assertRaisesRegex(ValueError, "not been initialized"):
-            sd.allreduce(tf.ones([1]))
+            # Still stopped: later collectives fail at once with the same reason.
+            with self.assertRaisesRegex(tf.errors.AbortedError, r"shutdown\(\) called on rank 0"):
+                sd.allreduce(tf.ones([1]), name="after.remote.shutdown")
+        # init() restarts a stopped engine without an explicit shutdown().
         sd.init()
         self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name="shutdown.recovered"), [SIZE])
 

@@ -1,0 +1,110 @@
+#include "shared_memory_allreduce.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "mpi_types.h"
+#include "reduction.h"
+
+namespace smdist {
+namespace {
+// Shards start on cache-line boundaries so neighbours never share a line.
+constexpr int64_t kAlignBytes = 64;
+
+// [begin, end) in elements of shard `index` when `count` elements are split
+// `parts` ways in aligned blocks.
+void ShardRange(int64_t count, size_t elem, int parts, int index, int64_t* begin, int64_t* end) {
+  const int64_t align = std::max<int64_t>(1, kAlignBytes / static_cast<int64_t>(elem));
+  int64_t per = (count + parts - 1) / parts;
+  per = (per + align - 1) / align * align;
+  *begin = std::min(count, per * index);
+  *end = std::min(count, *begin + per);
+}
+}  // namespace
+
+Status SharedMemoryAllreduce::Create(MPI_Comm local, MPI_Comm cross, int64_t segment_bytes,
+                                     std::unique_ptr<SharedMemoryAllreduce>* out) {
+  auto s = std::make_unique<SharedMemoryAllreduce>();
+  s->local_ = local;
+  s->cross_ = cross;
+  s->segment_bytes_ = segment_bytes / kAlignBytes * kAlignBytes;
+  MPI_Comm_rank(local, &s->local_rank_);
+  MPI_Comm_size(local, &s->local_size_);
+  void* base = nullptr;
+  int rc = MPI_Win_allocate_shared(s->segment_bytes_, 1, MPI_INFO_NULL, local, &base, &s->window_);
+  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Win_allocate_shared");
+  s->segments_.resize(s->local_size_);
+  for (int r = 0; r < s->local_size_; ++r) {
+    MPI_Aint size = 0;
+    int disp = 0;
+    void* ptr = nullptr;
+    rc = MPI_Win_shared_query(s->window_, r, &size, &disp, &ptr);
+    if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Win_shared_query");
+    s->segments_[r] = static_cast<uint8_t*>(ptr);
+  }
+  // Passive-target epoch for the window's lifetime; MPI_Win_sync orders memory.
+  MPI_Win_lock_all(MPI_MODE_NOCHECK, s->window_);
+  *out = std::move(s);
+  return Status::OK();
+}
+
+SharedMemoryAllreduce::~SharedMemoryAllreduce() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || window_ == MPI_WIN_NULL) return;
+  MPI_Win_unlock_all(window_);
+  MPI_Win_free(&window_);
+}
+
+Status SharedMemoryAllreduce::LocalBarrier() {
+  MPI_Win_sync(window_);
+  int rc = MPI_Barrier(local_);
+  MPI_Win_sync(window_);
+  return MpiError(rc, "MPI_Barrier(local)");
+}
+
+Status SharedMemoryAllreduce::Run(const void* input, void* output, int64_t count, DataType dtype,
+                                  ReduceOp op) {
+  const size_t elem = DataTypeSize(dtype);
+  const int64_t chunk = segment_bytes_ / static_cast<int64_t>(elem);
+  const auto* in = static_cast<const uint8_t*>(input);
+  auto* out = static_cast<uint8_t*>(output);
+  std::vector<const void*> sources(local_size_);
+  for (int64_t offset = 0; offset < count; offset += chunk) {
+    const int64_t n = std::min(chunk, count - offset);
+    std::memcpy(segments_[local_rank_], in + offset * elem, n * elem);
+    SMDIST_RETURN_IF_ERROR(LocalBarrier());
+
+    // Reduce my shard from every peer's segment into my own segment.
+    int64_t begin = 0, end = 0;
+    ShardRange(n, elem, local_size_, local_rank_, &begin, &end);
+    if (end > begin) {
+      sources[0] = segments_[local_rank_] + begin * elem;
+      int k = 1;
+      for (int r = 0; r < local_size_; ++r) {
+        if (r != local_rank_) sources[k++] = segments_[r] + begin * elem;
+      }
+      ReduceMany(dtype, op, sources.data(), local_size_, segments_[local_rank_] + begin * elem,
+                 end - begin);
+    }
+    if (cross_ != MPI_COMM_NULL) {
+      // Hierarchical: same-shard owners on other hosts combine their partial results.
+      int rc = MPI_Allreduce(MPI_IN_PLACE, segments_[local_rank_] + begin * elem,
+                             static_cast<int>(end - begin), MpiType(dtype), MpiOp(dtype, op), cross_);
+      if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce(cross)");
+    }
+    SMDIST_RETURN_IF_ERROR(LocalBarrier());
+
+    for (int r = 0; r < local_size_; ++r) {
+      ShardRange(n, elem, local_size_, r, &begin, &end);
+      if (end > begin) {
+        std::memcpy(out + (offset + begin) * elem, segments_[r] + begin * elem, (end - begin) * elem);
+      }
+    }
+    // Nobody may restage its segment until every peer has copied out of it.
+    SMDIST_RETURN_IF_ERROR(LocalBarrier());
+  }
+  return Status::OK();
+}
+
+}  // namespace smdist
