@@ -112,6 +112,25 @@ def get_build_info() -> dict:
     return dict(build_info)
 
 
+def start_timeline(file_path: str) -> None:
+    """Starts writing this rank's Chrome-trace timeline to ``file_path``.
+
+    Open it in chrome://tracing or https://ui.perfetto.dev: one row per tensor,
+    with negotiation, fusion copy-in/out and the transfer. ``SMDIST_TIMELINE``
+    (or ``HOROVOD_TIMELINE``) starts one at ``init()`` instead, with ``.<rank>``
+    appended (or ``{rank}`` in the path replaced).
+
+    Raises:
+        ValueError: if the file cannot be written.
+    """
+    _rt.start_timeline(str(file_path))
+
+
+def stop_timeline() -> None:
+    """Finishes and closes the timeline file (a no-op when none is being written)."""
+    _rt.stop_timeline()
+
+
 def require_initialized() -> None:
     """Raises a clear error when a collective is used before ``init()``."""
     if not _rt.is_initialized():

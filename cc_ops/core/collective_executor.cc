@@ -18,10 +18,19 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+void CollectiveExecutor::Trace(const char* phase, Timeline::Clock::time_point begin) {
+  if (timeline_->active()) timeline_->Record(tracing_, phase, begin, Timeline::Clock::now());
+}
+
 Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorEntry>* entries) {
   Status transport_status;
   Status result;
   alloc_status_ = Status::OK();
+  const auto start = Timeline::Clock::now();
+  if (timeline_->active()) {
+    tracing_ = response.names;
+    for (const TensorEntry& e : *entries) timeline_->Record({e.name}, "NEGOTIATE", e.enqueued_at, start);
+  }
   if (response.response_type == ResponseType::kError) {
     result = Status::PreconditionFailed(response.error);
   } else {
@@ -46,6 +55,11 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
         break;
     }
     result = transport_status.ok() ? alloc_status_ : transport_status;
+  }
+  if (response.response_type == ResponseType::kError) {
+    Trace("ERROR", start);
+  } else if (response.type != CollectiveType::kAllreduce) {
+    Trace(CollectiveTypeName(response.type), start);
   }
   for (TensorEntry& e : *entries) {
     if (e.done) e.done(result);
@@ -81,8 +95,10 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
       ScaleInPlace(dtype, e.output, count, e.prescale);
       send = e.output;
     }
+    const auto t0 = Timeline::Clock::now();
     SMDIST_RETURN_IF_ERROR(transport_->Allreduce(send, e.output, count, dtype, WireOp(e.reduce_op)));
     FinishReduction(dtype, e.reduce_op, e.postscale, e.output, count);
+    Trace("ALLREDUCE", t0);
     return Status::OK();
   }
   // Fused: pack, reduce once, unpack.
@@ -92,6 +108,7 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
     fusion_buffer_.resize(static_cast<size_t>(total) * elem);
   }
   uint8_t* buf = fusion_buffer_.data();
+  auto t0 = Timeline::Clock::now();
   int64_t offset = 0;
   for (const TensorEntry& e : *entries) {
     const int64_t bytes = NumElements(e.shape) * elem;
@@ -99,16 +116,21 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
     offset += bytes;
   }
   ScaleInPlace(dtype, buf, total, first.prescale);
+  Trace("COPY_IN_FUSION_BUFFER", t0);
+  t0 = Timeline::Clock::now();
   if (total > 0) {
     SMDIST_RETURN_IF_ERROR(transport_->Allreduce(buf, buf, total, dtype, WireOp(first.reduce_op)));
   }
   FinishReduction(dtype, first.reduce_op, first.postscale, buf, total);
+  Trace("ALLREDUCE", t0);
+  t0 = Timeline::Clock::now();
   offset = 0;
   for (TensorEntry& e : *entries) {
     const int64_t bytes = NumElements(e.shape) * elem;
     if (bytes > 0) std::memcpy(e.output, buf + offset, bytes);
     offset += bytes;
   }
+  Trace("COPY_OUT_FUSION_BUFFER", t0);
   return Status::OK();
 }
 

@@ -7,13 +7,15 @@
 
 #include "message.h"
 #include "tensor_entry.h"
+#include "timeline.h"
 #include "transport.h"
 
 namespace smdist {
 
 class CollectiveExecutor {
  public:
-  explicit CollectiveExecutor(Transport* transport) : transport_(transport) {}
+  CollectiveExecutor(Transport* transport, Timeline* timeline)
+      : transport_(transport), timeline_(timeline) {}
 
   // `entries` are this rank's entries for `response.names`, in that order.
   // Completes every entry (calls done). Returns a transport failure, after
@@ -32,7 +34,12 @@ class CollectiveExecutor {
   void FinishReduction(DataType dtype, ReduceOp op, double postscale, void* data,
                        int64_t count) const;
 
+  // Records `phase` for the entries being executed, from `begin` to now.
+  void Trace(const char* phase, Timeline::Clock::time_point begin);
+
   Transport* transport_;
+  Timeline* timeline_;
+  std::vector<std::string> tracing_;  // names of the response being executed
   std::vector<uint8_t> fusion_buffer_;  // reused across cycles
   std::vector<uint8_t> scratch_;
   Status alloc_status_;  // output allocation result of the current response

@@ -46,9 +46,29 @@ Status Engine::Init() {
     running_ = true;
     stop_reason_.clear();
   }
+  if (!config_.timeline_path.empty()) {
+    // One file per rank unless the path already says where (like {rank}).
+    std::string path = config_.timeline_path;
+    const auto pos = path.find("{rank}");
+    if (pos != std::string::npos) {
+      path.replace(pos, 6, std::to_string(transport_->topology().rank));
+    } else if (transport_->topology().size > 1) {
+      path += "." + std::to_string(transport_->topology().rank);
+    }
+    Status s = timeline_.Start(path, transport_->topology().rank);
+    if (!s.ok()) LogWarning(s.message());
+  }
   thread_ = std::thread(&Engine::BackgroundLoop, this);
   initialized_ = true;
   return Status::OK();
+}
+
+Status Engine::StartTimeline(const std::string& path) {
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  if (!initialized_) {
+    return Status::PreconditionFailed("smdist_tf has not been initialized: call smdist_tf.init() first");
+  }
+  return timeline_.Start(path, transport_->topology().rank);
 }
 
 Status Engine::Shutdown() {
@@ -58,6 +78,7 @@ Status Engine::Shutdown() {
 }
 
 void Engine::ReleaseLocked() {
+  timeline_.Stop();
   shutdown_requested_ = true;
   queue_->Wake();
   if (thread_.joinable()) thread_.join();
@@ -104,12 +125,13 @@ void Engine::Stop(const std::string& reason) {
 }
 
 struct Engine::CycleState {
-  CycleState(const Topology& topo, const EngineConfig& config, Transport* transport)
+  CycleState(const Topology& topo, const EngineConfig& config, Transport* transport,
+             Timeline* timeline)
       : cache(config.cache_capacity),
         coordinator(topo.size, config.fusion_threshold_bytes,
                     StallInspector(config.stall_check_seconds, config.stall_shutdown_seconds),
                     config.cache_capacity > 0 ? &cache : nullptr),
-        executor(transport) {}
+        executor(transport, timeline) {}
 
   struct CachedPending {
     Request request;
@@ -123,7 +145,7 @@ struct Engine::CycleState {
 };
 
 void Engine::BackgroundLoop() {
-  CycleState state(transport_->topology(), config_, transport_.get());
+  CycleState state(transport_->topology(), config_, transport_.get(), &timeline_);
   while (RunCycle(&state)) {
   }
 }

@@ -14,6 +14,7 @@
 #include "status.h"
 #include "tensor_entry.h"
 #include "tensor_queue.h"
+#include "timeline.h"
 #include "transport.h"
 
 namespace smdist {
@@ -36,6 +37,10 @@ class Engine {
   Topology topology() const;
   bool mpi_threads_supported() const { return mpi_threads_multiple_; }
   EngineConfig config() const;
+
+  // Chrome-trace timeline of this rank (SMDIST_TIMELINE opens one at init).
+  Status StartTimeline(const std::string& path);
+  void StopTimeline() { timeline_.Stop(); }
 
   // Queues entries submitted together (they are negotiated in the same
   // cycle, so a group fuses). On error nothing is queued and no done runs.
@@ -71,6 +76,7 @@ class Engine {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<TensorQueue> queue_;
   std::thread thread_;
+  Timeline timeline_;
 };
 
 }  // namespace smdist

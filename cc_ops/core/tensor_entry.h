@@ -3,6 +3,7 @@
 // kept alive by whatever the callbacks capture.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -29,6 +30,8 @@ struct TensorEntry {
   // A problem found locally (bad splits, bad root): reported through
   // negotiation so every rank fails together instead of this one alone.
   std::string local_error;
+  // When the entry was queued (timeline: negotiation starts here).
+  std::chrono::steady_clock::time_point enqueued_at;
 
   // Allocates the output once negotiation has fixed its shape (allgather,
   // alltoall). Called on the engine thread.

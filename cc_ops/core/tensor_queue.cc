@@ -16,7 +16,9 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, int rank) {
                                        "; give concurrent collectives distinct names");
       }
     }
+    const auto now = std::chrono::steady_clock::now();
     for (TensorEntry& e : entries) {
+      e.enqueued_at = now;
       Request r;
       r.rank = rank;
       r.name = e.name;

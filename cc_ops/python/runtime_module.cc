@@ -45,6 +45,10 @@ PYBIND11_MODULE(_runtime, m) {
     py::gil_scoped_release release;
     smdist::Engine::Instance().Finalize();
   });
+  m.def("start_timeline", [](const std::string& path) {
+    RaiseIfError(smdist::Engine::Instance().StartTimeline(path));
+  });
+  m.def("stop_timeline", [] { smdist::Engine::Instance().StopTimeline(); });
   m.def("is_initialized", [] { return smdist::Engine::Instance().initialized(); });
   m.def("rank", [] { return RequireTopology().rank; });
   m.def("size", [] { return RequireTopology().size; });
@@ -69,6 +73,11 @@ PYBIND11_MODULE(_runtime, m) {
     d["stall_check_seconds"] = c.stall_check_seconds;
     d["stall_shutdown_seconds"] = c.stall_shutdown_seconds;
     d["hostname"] = c.hostname;
+    d["hierarchical_allreduce"] = c.hierarchical_allreduce;
+    d["shm_segment_bytes"] = c.shm_segment_bytes;
+    d["shm_min_bytes"] = c.shm_min_bytes;
+    d["cache_capacity"] = c.cache_capacity;
+    d["timeline"] = c.timeline_path;
     return d;
   });
 }

@@ -5,6 +5,7 @@ Run on every rank by tests/test_collectives_multiprocess.py.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -250,6 +251,27 @@ class OrderingAndBarrierTest(tf.test.TestCase):
     def test_barrier(self):
         sd.barrier()
         tf.function(sd.barrier)()
+
+
+class TimelineTest(tf.test.TestCase):
+    def test_timeline_records_negotiation_fusion_and_transfer(self):
+        import json
+        import tempfile
+
+        path = os.path.join(tempfile.mkdtemp(), f"timeline.{RANK}.json")
+        sd.start_timeline(path)
+        sd.grouped_allreduce([tf.ones([3]), tf.ones([5])], op=sd.Sum, name="traced.group")
+        sd.allgather(tf.ones([2]), name="traced.gather")
+        sd.stop_timeline()
+        with open(path) as f:
+            events = json.load(f)
+        rows = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+        phases = {(rows[e["tid"]], e["name"]) for e in events if e["ph"] == "X"}
+        for phase in ["NEGOTIATE", "COPY_IN_FUSION_BUFFER", "ALLREDUCE", "COPY_OUT_FUSION_BUFFER"]:
+            self.assertIn(("traced.group.0", phase), phases)
+            self.assertIn(("traced.group.1", phase), phases)
+        self.assertIn(("traced.gather", "allgather"), phases)
+        self.assertTrue(all(e["pid"] == RANK for e in events))
 
 
 class GradientTest(tf.test.TestCase):

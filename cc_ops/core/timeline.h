@@ -1,0 +1,45 @@
+// Chrome-trace (chrome://tracing, Perfetto) timeline of what the engine does
+// with each tensor: negotiation, fusion copy-in, the transfer, copy-out.
+// One row per tensor name; the process id is the rank.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "status.h"
+
+namespace smdist {
+
+class Timeline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  ~Timeline() { Stop(); }
+
+  // Starts writing to `path` (replacing an earlier timeline of this process).
+  Status Start(const std::string& path, int rank);
+  // Finishes the JSON document and closes the file.
+  void Stop();
+  bool active() const { return active_; }
+
+  // A complete event [begin, end] on the row of each of `names`.
+  void Record(const std::vector<std::string>& names, const char* phase, Clock::time_point begin,
+              Clock::time_point end);
+
+ private:
+  int RowLocked(const std::string& name);
+
+  std::mutex mu_;
+  bool active_ = false;  // read without the lock as a cheap hint
+  std::FILE* file_ = nullptr;
+  int rank_ = 0;
+  bool first_event_ = true;
+  Clock::time_point origin_;
+  std::unordered_map<std::string, int> rows_;
+};
+
+}  // namespace smdist
