@@ -243,5 +243,42 @@ class FusionBoundaryTest(tf.test.TestCase):
             restart_engine(SMDIST_FUSION_THRESHOLD="")
 
 
+class SharedMemoryPathTest(tf.test.TestCase):
+    """Large allreduces take the shared-memory path; force it for every size and chunk boundary."""
+
+    def _check_all(self, counts):
+        from tests.mp.collective_expectations import all_rank_values, expected_reduction, tolerance
+
+        for dtype in [tf.float32, tf.float16, tf.bfloat16, tf.float64, tf.int32, tf.int8, tf.uint8, tf.int64]:
+            for op in [sd.Sum, sd.Average, sd.Min, sd.Max, sd.Product]:
+                for count in counts:
+                    with self.subTest(dtype=dtype.name, op=op, count=count):
+                        values = all_rank_values((count,), dtype, op, seed=count)
+                        out = sd.allreduce(tf.constant(values[RANK], dtype), op=op, name=f"shm.{dtype.name}.{op}.{count}")
+                        self.assertAllClose(tf.cast(out, tf.float64), expected_reduction(values, op, dtype), **tolerance(dtype))
+
+    def test_default_threshold_large_tensors(self):
+        self.assertGreater(sd.engine_config()["shm_segment_bytes"], 0)
+        self._check_all([70001, 300001])
+
+    def test_tiny_segments_many_chunks_and_shard_edges(self):
+        restart_engine(SMDIST_SHM_SEGMENT_BYTES="4096", SMDIST_SHM_MIN_BYTES="0")
+        try:
+            self._check_all([1, 3, 17, 1000, 4099])
+            big = np.full([50000], 2.0, np.float16)
+            big[7] = np.inf
+            big[40000] = np.nan
+            out = sd.allreduce(tf.constant(big), op=sd.Sum, name="shm.nan").numpy()
+            self.assertEqual(out[7], np.inf)
+            self.assertTrue(np.isnan(out[40000]))
+            self.assertEqual(out[0], 2.0 * SIZE)
+            # fp16 sums accumulate in float32: 2049 + 1 + ... does not stall at 2048.
+            vals = np.full([8192], 2048.0 if RANK == 0 else 1.0, np.float16)
+            out = sd.allreduce(tf.constant(vals), op=sd.Sum, name="shm.accumulate").numpy()
+            self.assertAllEqual(out, np.full([8192], np.float16(2048.0 + (SIZE - 1))))
+        finally:
+            restart_engine(SMDIST_SHM_SEGMENT_BYTES="", SMDIST_SHM_MIN_BYTES="")
+
+
 if __name__ == "__main__":
     tf.test.main()

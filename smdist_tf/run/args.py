@@ -1,0 +1,244 @@
+"""The ``smdistrun`` command line (horovodrun's flags) and ``--config-file`` merging."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from smdist_tf.run.config_file import load_config_file
+from smdist_tf.run.errors import UsageError
+
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+DEFAULT_START_TIMEOUT_S = 30.0
+
+
+@dataclass
+class LaunchSettings:
+    """Everything one launch needs, after the command line and config file are merged."""
+
+    command: list[str] = field(default_factory=list)
+    np: int | None = None
+    hosts: str | None = None
+    hostfile: str | None = None
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    start_timeout: float = DEFAULT_START_TIMEOUT_S
+    network_interfaces: list[str] = field(default_factory=list)
+    output_filename: str | None = None
+    verbose: bool = False
+    log_level: str | None = None
+    mpi_args: list[str] = field(default_factory=list)
+    fusion_threshold_mb: float | None = None
+    cycle_time_ms: float | None = None
+    cache_capacity: int | None = None
+    hierarchical_allreduce: bool | None = None
+    timeline_filename: str | None = None
+    timeline_mark_cycles: bool | None = None
+    stall_check_warning_time_seconds: float | None = None
+    stall_check_shutdown_time_seconds: float | None = None
+    check_build: bool = False
+    show_version: bool = False
+    config_file: str | None = None
+    # Config-file entries we accept but do not act on, reported under --verbose.
+    ignored_config: list[str] = field(default_factory=list)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Raises UsageError instead of printing usage and exiting, so every error is one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; exposed for ``--help`` and the docs."""
+    p = _Parser(
+        prog="smdistrun",
+        description="Start a smdist_tf job over mpirun (horovodrun-compatible flags).",
+        usage="smdistrun [options] -np N command [args ...]",
+        allow_abbrev=False,  # a typo must not silently pick another flag
+    )
+    # Defaults are None so we can tell "not given" from "given", and let the
+    # config file fill only what the command line left out.
+    p.add_argument("-v", "--version", action="store_true", default=None, help="print the version and exit")
+    p.add_argument("-np", "--num-proc", dest="np", type=int, help="number of ranks (default: all slots of -H/--hostfile)")
+    p.add_argument("-H", "--hosts", help="host:slots,host:slots,... (a host without :slots has one)")
+    p.add_argument("-hostfile", "--hostfile", help="file with one 'hostname slots=N' per line")
+    p.add_argument("-p", "--ssh-port", type=int, help="ssh port on the remote hosts")
+    p.add_argument("-i", "--ssh-identity-file", help="ssh private key for the remote hosts")
+    p.add_argument("--start-timeout", type=float, help=f"seconds for all ranks to start (default {DEFAULT_START_TIMEOUT_S:g}; env HOROVOD_START_TIMEOUT)")
+    p.add_argument("--network-interface", "--network-interfaces", dest="network_interfaces", help="comma-separated interfaces MPI may use, e.g. eth0,eth1")
+    p.add_argument("--output-filename", help="also write each rank's output to DIR/rank.N/{stdout,stderr}")
+    p.add_argument("--verbose", action="store_true", default=None, help="print the exact mpirun command and launcher decisions")
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="engine log level")
+    p.add_argument("--mpi-args", help="extra arguments for mpirun, as one quoted string")
+    p.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MB (0 disables fusion)")
+    p.add_argument("--cycle-time-ms", type=float, help="engine cycle time in milliseconds")
+    p.add_argument("--cache-capacity", type=int, help="response cache capacity (entries)")
+    p.add_argument("--hierarchical-allreduce", action=argparse.BooleanOptionalAction, default=None, help="reduce inside each host, then across hosts, then broadcast inside")
+    p.add_argument("--timeline-filename", help="write the engine timeline (Chrome trace JSON) here")
+    p.add_argument("--timeline-mark-cycles", action="store_true", default=None, help="mark engine cycles in the timeline")
+    p.add_argument("--stall-check-warning-time-seconds", type=float, help="warn when a collective waits this long for some ranks")
+    p.add_argument("--stall-check-shutdown-time-seconds", type=float, help="fail the job when a collective waits this long")
+    p.add_argument("-cb", "--check-build", action="store_true", default=None, help="print what smdist_tf was built with and exit")
+    p.add_argument("--config-file", help="YAML file with defaults for these flags (the command line wins)")
+    p.add_argument("--mpi", action="store_true", default=None, help="use MPI to start the ranks (the only controller; accepted for compatibility)")
+    p.add_argument("--gloo", action="store_true", default=None, help=argparse.SUPPRESS)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs")
+    return p
+
+
+# Config file: section -> key -> settings field. Top-level keys named like the
+# long flags (with '_' or '-') are accepted too.
+_SECTION_KEYS = {
+    "params": {
+        "fusion_threshold_mb": "fusion_threshold_mb",
+        "cycle_time_ms": "cycle_time_ms",
+        "cache_capacity": "cache_capacity",
+        "hierarchical_allreduce": "hierarchical_allreduce",
+    },
+    "timeline": {"filename": "timeline_filename", "mark_cycles": "timeline_mark_cycles"},
+    "stall_check": {
+        "warning_time_seconds": "stall_check_warning_time_seconds",
+        "shutdown_time_seconds": "stall_check_shutdown_time_seconds",
+    },
+    "logging": {"level": "log_level"},
+}
+_FLAT_KEYS = {
+    "np", "num_proc", "hosts", "hostfile", "ssh_port", "ssh_identity_file", "start_timeout",
+    "network_interface", "network_interfaces", "output_filename", "verbose", "log_level", "mpi_args",
+    "fusion_threshold_mb", "cycle_time_ms", "cache_capacity", "hierarchical_allreduce",
+    "timeline_filename", "timeline_mark_cycles", "stall_check_warning_time_seconds",
+    "stall_check_shutdown_time_seconds",
+}
+_ALIASES = {"num_proc": "np", "network_interface": "network_interfaces"}
+
+
+def config_values(config: dict[str, Any], path: str) -> tuple[dict[str, Any], list[str]]:
+    """Maps a parsed config file to settings fields; returns (values, ignored entries).
+
+    Raises:
+        UsageError: for ``controller: gloo`` (only MPI is available).
+    """
+    values: dict[str, Any] = {}
+    ignored: list[str] = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            known = _SECTION_KEYS.get(key, {})
+            for sub, sub_value in value.items():
+                if sub in known:
+                    values[known[sub]] = sub_value
+                else:
+                    ignored.append(f"{key}.{sub}")
+        elif key == "controller":
+            if str(value).lower() != "mpi":
+                raise UsageError(f"config file {path}: controller {value!r} is not available (only 'mpi')")
+        elif key in _FLAT_KEYS:
+            values[_ALIASES.get(key, key)] = value
+        else:
+            ignored.append(key)
+    return values, ignored
+
+
+def _coerce(name: str, value: Any, kind: type, where: str) -> Any:
+    if value is None:
+        return None
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise UsageError(f"{where}: {name} must be true or false, got {value!r}")
+    try:
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{where}: {name} must be {kind.__name__}, got {value!r}") from None
+
+
+_FIELD_TYPES: dict[str, type] = {
+    "np": int, "ssh_port": int, "cache_capacity": int,
+    "start_timeout": float, "fusion_threshold_mb": float, "cycle_time_ms": float,
+    "stall_check_warning_time_seconds": float, "stall_check_shutdown_time_seconds": float,
+    "verbose": bool, "hierarchical_allreduce": bool, "timeline_mark_cycles": bool,
+    "hosts": str, "hostfile": str, "ssh_identity_file": str, "network_interfaces": str,
+    "output_filename": str, "log_level": str, "mpi_args": str, "timeline_filename": str,
+}
+
+
+def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> LaunchSettings:
+    """Parses the command line (and ``--config-file``) into LaunchSettings.
+
+    Args:
+        argv: arguments without the program name; ``sys.argv[1:]`` when None.
+        environ: the environment (``HOROVOD_START_TIMEOUT`` default); ``os.environ`` when None.
+
+    Raises:
+        UsageError: for any bad flag, value or config entry.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    given = {k: v for k, v in vars(ns).items() if v is not None}
+    if given.pop("gloo", None):
+        raise UsageError("--gloo is not available: smdist_tf starts ranks with MPI only")
+    given.pop("mpi", None)
+
+    merged: dict[str, Any] = {}
+    ignored: list[str] = []
+    if ns.config_file:
+        from_file, ignored = config_values(load_config_file(ns.config_file), ns.config_file)
+        for name, value in from_file.items():
+            merged[name] = _coerce(name, value, _FIELD_TYPES[name], f"config file {ns.config_file}")
+    merged.update(given)  # the command line wins over the file
+
+    settings = LaunchSettings(ignored_config=ignored, config_file=ns.config_file)
+    settings.command = list(merged.pop("command", []))
+    if settings.command[:1] == ["--"]:
+        settings.command = settings.command[1:]
+    version = merged.pop("version", False)
+    if "log_level" in merged and str(merged["log_level"]).upper() not in LOG_LEVELS:
+        raise UsageError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {merged['log_level']!r}")
+    for name, value in merged.items():
+        if name in ("config_file",):
+            continue
+        if name == "network_interfaces":
+            value = [v.strip() for v in str(value).split(",") if v.strip()]
+        elif name == "mpi_args":
+            try:
+                value = shlex.split(str(value))
+            except ValueError as e:
+                raise UsageError(f"--mpi-args: {e}") from None
+        elif name == "log_level":
+            value = str(value).upper()
+        setattr(settings, name, value)
+    settings.show_version = bool(version)
+    if "start_timeout" not in merged and environ.get("HOROVOD_START_TIMEOUT"):
+        settings.start_timeout = _coerce("HOROVOD_START_TIMEOUT", environ["HOROVOD_START_TIMEOUT"], float, "environment")
+    settings.verbose = bool(settings.verbose)
+    settings.check_build = bool(settings.check_build)
+    validate(settings)
+    return settings
+
+
+def validate(s: LaunchSettings) -> None:
+    """Range checks that argparse cannot express; raises UsageError."""
+    if s.check_build or s.show_version:
+        return
+    if not s.command:
+        raise UsageError("missing command: give the program every rank runs, e.g. smdistrun -np 2 python train.py")
+    if s.np is not None and s.np < 1:
+        raise UsageError(f"-np must be at least 1, got {s.np}")
+    if s.hosts and s.hostfile:
+        raise UsageError("give either -H/--hosts or --hostfile, not both")
+    if s.ssh_port is not None and not 0 < s.ssh_port < 65536:
+        raise UsageError(f"--ssh-port must be 1..65535, got {s.ssh_port}")
+    if s.start_timeout <= 0:
+        raise UsageError(f"--start-timeout must be positive, got {s.start_timeout:g}")
+    for name in ("fusion_threshold_mb", "cycle_time_ms", "cache_capacity",
+                 "stall_check_warning_time_seconds", "stall_check_shutdown_time_seconds"):
+        value = getattr(s, name)
+        if value is not None and value < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must not be negative, got {value:g}")

@@ -1,0 +1,198 @@
+"""Runs mpirun, relays the ranks' output, and stops the whole job on failure or signal.
+
+The rank agents (rank_agent.py) report each rank's start and exit with marker
+lines on stderr; this module strips those from the output and uses them to
+name the first rank that failed and to enforce the start timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO
+
+from smdist_tf.run.rank_agent import MARKER
+
+STOP_GRACE_S = 5.0  # after SIGTERM, how long mpirun gets before SIGKILL
+FAILURE_STOP_S = 5.0  # after a rank fails, how long mpirun gets to stop the rest itself
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """How one rank ended, as its agent reported it."""
+
+    rank: int
+    code: int
+    signal: int
+    stopped: bool  # ended because it was told to stop (another rank failed, or Ctrl-C)
+
+    def describe(self, host: str | None = None) -> str:
+        """``rank 1 (on node7) exited with code 3`` / ``... was killed by SIGKILL ...``."""
+        who = f"rank {self.rank} (on {host})" if host else f"rank {self.rank}"
+        if self.signal:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = f"signal {self.signal}"
+            return f"{who} was killed by {name} (exit code {self.code})"
+        return f"{who} exited with code {self.code}"
+
+
+@dataclass
+class Outcome:
+    """The job's result: the launcher's exit code and, when it failed, why."""
+
+    exit_code: int
+    failed_rank: RankExit | None = None
+    reason: str | None = None
+    started: dict[int, str] = field(default_factory=dict)  # rank -> host
+    exits: dict[int, RankExit] = field(default_factory=dict)
+
+
+def _write(stream: IO, data: bytes) -> None:
+    buffer = getattr(stream, "buffer", None)
+    try:
+        if buffer is not None:
+            buffer.write(data)
+        else:  # a text-only stream (e.g. a test capture)
+            stream.write(data.decode(errors="replace"))
+        stream.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+
+
+class Supervisor:
+    """Starts one mpirun command and watches it until every rank is gone.
+
+    Args:
+        command: the full mpirun command line.
+        env: mpirun's environment.
+        np: the number of ranks, to know when all have started.
+        token: the launch token the rank agents put in their markers.
+        start_timeout: seconds for all ranks to report their start.
+        stdout, stderr: where the ranks' (tagged) output goes; ours by default.
+    """
+
+    def __init__(self, command: list[str], env: dict[str, str], np: int, token: str, start_timeout: float,
+                 stdout: IO | None = None, stderr: IO | None = None):
+        self.command, self.env, self.np, self.start_timeout = command, env, np, start_timeout
+        self.prefix = f"{MARKER}{token} ".encode()
+        self.stdout, self.stderr = stdout or sys.stdout, stderr or sys.stderr
+        self.events: queue.Queue = queue.Queue()
+        self.interrupted: int | None = None  # set from a signal handler
+        self.proc: subprocess.Popen | None = None
+
+    def _pump(self, pipe: IO[bytes], stream: IO) -> None:
+        for line in iter(pipe.readline, b""):
+            if line.startswith(self.prefix):
+                self.events.put(line[len(self.prefix):].decode(errors="replace").split())
+            else:
+                _write(stream, line)
+
+    def interrupt(self, signum: int) -> None:
+        """Asks the job to stop (safe to call from a signal handler)."""
+        self.interrupted = signum
+        self.events.put(["wake"])
+
+    def _terminate(self) -> None:
+        """SIGTERM to mpirun (it stops its ranks), then SIGKILL to its whole process group."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        except ProcessLookupError:
+            pass
+
+    def run(self) -> Outcome:
+        """Runs the job to the end; returns its Outcome."""
+        # A session of its own: our Ctrl-C reaches mpirun only through us, and
+        # the process group lets us kill everything mpirun started locally.
+        self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        pumps = [threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout), daemon=True),
+                 threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr), daemon=True)]
+        for pump in pumps:
+            pump.start()
+
+        outcome = Outcome(exit_code=0)
+        start_deadline = time.monotonic() + self.start_timeout
+        stop_deadline: float | None = None
+        stopping = False
+        while True:
+            try:
+                event = self.events.get(timeout=0.2)
+            except queue.Empty:
+                event = None
+            if event:
+                self._record(event, outcome)
+            if self.proc.poll() is not None:
+                break
+            now = time.monotonic()
+            if self.interrupted is not None and not stopping:
+                name = signal.Signals(self.interrupted).name
+                _write(self.stderr, f"smdistrun: received {name}, stopping all ranks\n".encode())
+                outcome.reason = f"interrupted by {name}"
+                stopping = True
+                threading.Thread(target=self._terminate, daemon=True).start()
+            if outcome.failed_rank and stop_deadline is None:
+                stop_deadline = now + FAILURE_STOP_S
+            if stop_deadline is not None and now > stop_deadline and not stopping:
+                # mpirun normally stops the others itself; make sure of it.
+                stopping = True
+                threading.Thread(target=self._terminate, daemon=True).start()
+            if len(outcome.started) < self.np and now > start_deadline and not stopping:
+                outcome.reason = (f"only {len(outcome.started)} of {self.np} ranks started within "
+                                  f"{self.start_timeout:g} s (--start-timeout)")
+                _write(self.stderr, f"smdistrun: {outcome.reason}; stopping the job\n".encode())
+                stopping = True
+                threading.Thread(target=self._terminate, daemon=True).start()
+
+        for pump in pumps:
+            pump.join(timeout=5.0)  # a remote shell may keep a pipe open a moment longer
+        while not self.events.empty():
+            self._record(self.events.get_nowait(), outcome)
+        outcome.exit_code = self._exit_code(outcome, self.proc.returncode)
+        return outcome
+
+    @staticmethod
+    def _record(event: list[str], outcome: Outcome) -> None:
+        try:
+            if event[0] == "start":
+                outcome.started[int(event[1])] = event[2] if len(event) > 2 else "?"
+            elif event[0] == "exit":
+                rank_exit = RankExit(int(event[1]), int(event[2]), int(event[3]), event[4] == "1")
+                outcome.exits[rank_exit.rank] = rank_exit
+                # The first rank to fail on its own is the cause; ranks stopped after it are not.
+                if rank_exit.code != 0 and not rank_exit.stopped and outcome.failed_rank is None:
+                    outcome.failed_rank = rank_exit
+        except (IndexError, ValueError):
+            pass  # not one of ours after all
+
+    def _exit_code(self, outcome: Outcome, mpirun_code: int) -> int:
+        if self.interrupted is not None:
+            return 128 + self.interrupted
+        if outcome.failed_rank is not None:
+            return outcome.failed_rank.code
+        if outcome.reason:  # start timeout
+            return 1
+        if mpirun_code < 0:
+            outcome.reason = f"mpirun was killed by signal {-mpirun_code}"
+            return 128 - mpirun_code
+        if mpirun_code != 0:
+            stopped = [e for e in outcome.exits.values() if e.code != 0]
+            outcome.failed_rank = stopped[0] if stopped else None
+            outcome.reason = f"mpirun exited with code {mpirun_code}"
+        return mpirun_code

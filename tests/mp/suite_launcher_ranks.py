@@ -1,0 +1,117 @@
+"""What the ranks run in tests/test_launcher_multiprocess.py (not a pytest module).
+
+``python tests/mp/suite_launcher_ranks.py MODE TAG`` runs one mode; the tag is
+put on every process's command line so the test can look for leftovers. The
+launcher-mechanics modes use only the standard library (no TensorFlow import),
+so they start in milliseconds; ``topology`` and ``allreduce_info`` use smdist_tf.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+TUNING_VARS = [
+    "SMDIST_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "SMDIST_CYCLE_TIME", "HOROVOD_CYCLE_TIME",
+    "SMDIST_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "SMDIST_HIERARCHICAL_ALLREDUCE",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE", "SMDIST_TIMELINE", "HOROVOD_TIMELINE", "SMDIST_LOG_LEVEL",
+    "HOROVOD_LOG_LEVEL",
+]
+
+
+def echo(tag: str) -> None:
+    """Two stdout lines, one stderr line, and the tuning variables as JSON."""
+    print(f"hello {RANK} {tag}")
+    print(f"second {RANK}")
+    print(f"problem {RANK}", file=sys.stderr)
+    print("ENV " + json.dumps({k: os.environ.get(k) for k in TUNING_VARS}))
+
+
+def fail_one(tag: str) -> None:
+    """Rank 2 (or the last rank) exits with 7 after a moment; the others would sleep a minute."""
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
+    print(f"up {RANK}", flush=True)
+    if RANK == min(2, size - 1):
+        time.sleep(0.5)
+        sys.exit(7)
+    time.sleep(60)
+
+
+def kill_self(tag: str) -> None:
+    """Rank 1 dies by SIGKILL; the others would sleep a minute."""
+    if RANK == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+def hang_with_child(tag: str) -> None:
+    """Starts a grandchild (sleep) carrying the tag, says ready, then sleeps: only a stop ends it."""
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", tag])
+    print(f"ready {RANK}", flush=True)
+    time.sleep(120)
+
+
+def topology(tag: str) -> None:
+    """Topology and allreduce results with the launcher's settings, then with hierarchical off."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    import smdist_tf as sd  # noqa: PLC0415
+
+    def check(mode: str) -> None:
+        sd.init()
+        n, r = sd.size(), sd.rank()
+        # Several sizes, one fused batch; sums and averages must be exact.
+        sums = [sd.allreduce(tf.fill([k], float(r + 1)), op=sd.Sum, name=f"{mode}_s{k}") for k in (1, 7, 1000)]
+        avg = sd.allreduce(tf.constant([float(r)] * 3), name=f"{mode}_avg")
+        ok = all(np.allclose(s.numpy(), n * (n + 1) / 2) for s in sums) and np.allclose(avg.numpy(), (n - 1) / 2)
+        info = dict(mode=mode, rank=r, size=n, local_rank=sd.local_rank(), local_size=sd.local_size(),
+                    cross_rank=sd.cross_rank(), cross_size=sd.cross_size(),
+                    hierarchical=sd.engine_config().get("hierarchical_allreduce"), ok=bool(ok))
+        print("TOPO " + json.dumps(info), flush=True)
+        sd.shutdown()
+
+    check("launcher")
+    os.environ["SMDIST_HIERARCHICAL_ALLREDUCE"] = os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "0"
+    check("flat")
+
+
+# --- functions for smdist_tf.run(fn, ...): importable by name on every rank ---
+
+def add_rank(x: int, y: int = 0) -> dict:
+    """Returns what this rank saw: its MPI rank and x + y (no TensorFlow)."""
+    return {"rank": RANK, "sum": x + y}
+
+
+def allreduce_info(value: float) -> dict:
+    """Initialises smdist_tf and returns this rank's view of an allreduce."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf  # noqa: PLC0415
+
+    import smdist_tf as sd  # noqa: PLC0415
+
+    sd.init()
+    total = sd.allreduce(tf.constant([value * (sd.rank() + 1)]), op=sd.Sum, name="prog_sum")
+    return {"rank": sd.rank(), "size": sd.size(), "local_rank": sd.local_rank(), "sum": float(total.numpy()[0])}
+
+
+def raise_on_rank_one() -> int:
+    """Rank 1 raises; the others return their rank after a moment."""
+    if RANK == 1:
+        raise ValueError("rank one refuses")
+    time.sleep(30)
+    return RANK
+
+
+MODES = {"echo": echo, "fail_one": fail_one, "kill_self": kill_self, "hang_with_child": hang_with_child,
+         "topology": topology}
+
+if __name__ == "__main__":
+    MODES[sys.argv[1]](sys.argv[2] if len(sys.argv) > 2 else "")

@@ -1,0 +1,335 @@
+"""smdistrun with real mpirun: output tagging, flag delivery, failures, signals, smdist_tf.run,
+bad arguments, and two hosts made of Linux network namespaces.
+
+Launcher mechanics run tiny standard-library rank programs (tests/mp/suite_launcher_ranks.py)
+so each job starts in well under a second; only the programmatic-allreduce and the two-host
+tests import TensorFlow on the ranks. Most jobs run main() in this process; the SIGTERM test
+runs the real console script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import smdist_tf
+from smdist_tf.run import RunError
+from smdist_tf.run.launcher import main
+
+ROOT = Path(__file__).resolve().parent.parent
+RANKS = str(ROOT / "tests" / "mp" / "suite_launcher_ranks.py")
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def deadline():
+    """Interrupts the job in this process (SIGINT: the launcher stops every rank) after `seconds`."""
+    timers = []
+
+    def arm(seconds: float) -> None:
+        timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+        timer.daemon = True
+        timer.start()
+        timers.append(timer)
+
+    yield arm
+    for timer in timers:
+        timer.cancel()
+
+
+@pytest.fixture(autouse=True)
+def quiet_tf(monkeypatch):
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def leftovers(tag: str) -> list[str]:
+    """Processes whose command line carries the tag (there must be none after a job)."""
+    out = subprocess.run(["pgrep", "-af", tag], capture_output=True, text=True, timeout=10).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def ranks(mode: str, tag: str) -> list[str]:
+    return [sys.executable, RANKS, mode, tag]
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_output_is_tagged_and_flags_reach_every_rank(np, tmp_path, capfd, deadline):
+    deadline(60)
+    tag = uuid.uuid4().hex
+    logs = tmp_path / "logs"
+    code = main(["-np", str(np), "--output-filename", str(logs), "--fusion-threshold-mb", "2",
+                 "--cycle-time-ms", "3.5", "--cache-capacity", "7", "--hierarchical-allreduce",
+                 "--timeline-filename", "tl.json", "--log-level", "debug", *ranks("echo", tag)])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    for r in range(np):
+        assert f"[{r}]<stdout>:hello {r} {tag}\n" in out and f"[{r}]<stdout>:second {r}\n" in out
+        assert f"[{r}]<stderr>:problem {r}\n" in err
+        env = json.loads(re.search(rf"^\[{r}\]<stdout>:ENV (.*)$", out, re.M).group(1))
+        assert env == {
+            "SMDIST_FUSION_THRESHOLD": "2097152", "HOROVOD_FUSION_THRESHOLD": "2097152",
+            "SMDIST_CYCLE_TIME": "3.5", "HOROVOD_CYCLE_TIME": "3.5",
+            "SMDIST_CACHE_CAPACITY": "7", "HOROVOD_CACHE_CAPACITY": "7",
+            "SMDIST_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+            "SMDIST_TIMELINE": "tl.json", "HOROVOD_TIMELINE": "tl.json",
+            "SMDIST_LOG_LEVEL": "DEBUG", "HOROVOD_LOG_LEVEL": "DEBUG",
+        }
+        # --output-filename: untagged copies per rank.
+        assert (logs / f"rank.{r}" / "stdout").read_text().startswith(f"hello {r} {tag}\nsecond {r}\n")
+        assert (logs / f"rank.{r}" / "stderr").read_text() == f"problem {r}\n"
+    assert "@smdistrun@" not in out + err  # the agents' markers are consumed
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_failed_rank_stops_the_others_with_its_code(np, capfd, deadline):
+    deadline(60)
+    tag = uuid.uuid4().hex
+    start = time.monotonic()
+    code = main(["-np", str(np), *ranks("fail_one", tag)])
+    elapsed = time.monotonic() - start
+    _, err = capfd.readouterr()
+    failed = min(2, np - 1)
+    assert code == 7, err
+    assert f"smdistrun: rank {failed} (on " in err and "exited with code 7; the other ranks were stopped" in err
+    assert elapsed < 20, f"the other ranks were not stopped promptly ({elapsed:.1f} s)"
+    time.sleep(0.5)
+    assert leftovers(tag) == []
+
+
+def test_killed_rank_is_reported(capfd, deadline):
+    deadline(60)
+    tag = uuid.uuid4().hex
+    code = main(["-np", "2", *ranks("kill_self", tag)])
+    _, err = capfd.readouterr()
+    assert code == 128 + signal.SIGKILL, err
+    assert "rank 1 (on " in err and "was killed by SIGKILL" in err
+    time.sleep(0.5)
+    assert leftovers(tag) == []
+
+
+def test_ctrl_c_stops_every_rank(capfd):
+    tag = uuid.uuid4().hex
+    done = threading.Event()
+
+    def ctrl_c_when_ready() -> None:
+        # SIGINT to this process once both ranks' grandchildren run, as a terminal's Ctrl-C would.
+        give_up = time.monotonic() + 30
+        while not done.is_set() and time.monotonic() < give_up:
+            if sum("time.sleep(300)" in line for line in leftovers(tag)) >= 2:
+                break
+            time.sleep(0.2)
+        if not done.is_set():
+            time.sleep(0.5)  # let the ranks' "ready" lines reach us
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_when_ready, daemon=True).start()
+    try:
+        start = time.monotonic()
+        code = main(["-np", "2", *ranks("hang_with_child", tag)])
+    finally:
+        done.set()
+    out, err = capfd.readouterr()
+    assert "[0]<stdout>:ready 0" in out and "[1]<stdout>:ready 1" in out, err
+    assert code == 128 + signal.SIGINT and "received SIGINT, stopping all ranks" in err
+    assert time.monotonic() - start < 20
+    time.sleep(0.5)
+    assert leftovers(tag) == []
+
+
+def test_sigterm_to_smdistrun_leaves_no_orphans():
+    """The real console script in its own process, stopped with SIGTERM once ranks are up."""
+    tag = uuid.uuid4().hex
+    script = shutil.which("smdistrun", path=str(VENV_BIN)) or shutil.which("smdistrun")
+    cmd = [script] if script else [sys.executable, "-m", "smdist_tf.run"]
+    proc = subprocess.Popen(cmd + ["-np", "2", *ranks("hang_with_child", tag)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=dict(os.environ),
+                            cwd=ROOT, start_new_session=True)
+    try:
+        ready = set()
+        give_up = time.monotonic() + 90  # the launcher imports TensorFlow with smdist_tf
+        while len(ready) < 2 and time.monotonic() < give_up:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            ready.update(m.group(1) for m in [re.match(r"\[(\d)\]<stdout>:ready", line)] if m)
+        assert len(ready) == 2, proc.stderr.read() if proc.poll() is not None else "ranks never got ready"
+        assert leftovers(tag), "the grandchildren should be running now"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+        err = proc.stderr.read()
+        assert code == 128 + signal.SIGTERM, err
+        assert "received SIGTERM, stopping all ranks" in err
+        time.sleep(0.5)
+        assert leftovers(tag) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_start_timeout(capfd, deadline):
+    deadline(60)
+    code = main(["-np", "2", "--start-timeout", "0.001", *ranks("echo", uuid.uuid4().hex)])
+    _, err = capfd.readouterr()
+    assert code == 1 and "ranks started within 0.001 s (--start-timeout)" in err
+
+
+@pytest.mark.parametrize("make_argv", [
+    lambda marker, tmp: ["-np", "2", "-H", "no-such-host.invalid:2", "touch", marker],
+    lambda marker, tmp: ["-np", "3", "-H", "localhost:2", "touch", marker],
+    lambda marker, tmp: ["-np", "2"],
+    lambda marker, tmp: ["-np", "2", "--hostfile", tmp, "touch", marker],
+], ids=["unknown-host", "np-over-slots", "missing-command", "bad-hostfile-line"])
+def test_bad_arguments_exit_2_and_start_nothing(make_argv, tmp_path, capfd):
+    marker = tmp_path / "started"
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\nlocalhost slots two\n")
+    start = time.monotonic()
+    assert main(make_argv(str(marker), str(hostfile))) == 2
+    out, err = capfd.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("smdistrun: error: ")
+    assert not marker.exists()
+    assert time.monotonic() - start < 10
+
+
+# ---------------------------------------------------------------- smdist_tf.run(fn, ...)
+
+def test_programmatic_run_returns_each_ranks_result(deadline):
+    deadline(120)
+    from tests.mp import suite_launcher_ranks as fns
+
+    assert smdist_tf.run(fns.add_rank, args=(40,), kwargs={"y": 2}, np=3) == [
+        {"rank": r, "sum": 42} for r in range(3)]
+    # With the engine: every rank sees the same allreduce result.
+    results = smdist_tf.run(fns.allreduce_info, args=(1.5,), np=2, cycle_time_ms=1)
+    assert results == [{"rank": r, "size": 2, "local_rank": r, "sum": 4.5} for r in range(2)]
+
+
+def test_programmatic_run_raises_with_the_failing_ranks_traceback(deadline):
+    deadline(60)
+    from tests.mp import suite_launcher_ranks as fns
+
+    with pytest.raises(RunError, match=r"(?s)rank 1 exited with code 1.*ValueError: rank one refuses") as info:
+        smdist_tf.run(fns.raise_on_rank_one, np=2)
+    assert info.value.failed_rank == 1 and info.value.exit_code == 1
+
+
+# ---------------------------------------------------------------- two hosts as network namespaces
+
+NETNS_AGENT = """#!/bin/bash
+# mpirun's remote agent instead of ssh: "agent HOST COMMAND..." runs COMMAND inside the
+# network namespace that plays HOST, with its own hostname (UTS namespace).
+host="$1"; shift
+case "$host" in
+  {ip_a}) ns={ns_a}; name={name_a} ;;
+  {ip_b}) ns={ns_b}; name={name_b} ;;
+  *) echo "netns agent: unknown host $host" >&2; exit 255 ;;
+esac
+exec ip netns exec "$ns" unshare --uts /bin/bash -c 'hostname "$1"; shift; eval "$*"' agent "$name" "$@"
+"""
+
+
+def _sh(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def two_netns_hosts(tmp_path):
+    """Two namespaces joined by a veth pair, 10.213.7.1 and 10.213.7.2; removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    for tool in ("ip", "unshare"):
+        if not shutil.which(tool):
+            pytest.skip(f"'{tool}' is not installed (iproute2 / util-linux)")
+    suffix = f"{os.getpid() % 100000}"
+    ns_a, ns_b = f"smdA{suffix}", f"smdB{suffix}"
+    veth_a, veth_b = f"smda{suffix}", f"smdb{suffix}"
+    ip_a, ip_b = "10.213.7.1", "10.213.7.2"
+    made = []
+    try:
+        for ns in (ns_a, ns_b):
+            done = _sh("ip", "netns", "add", ns)
+            if done.returncode != 0:
+                pytest.skip(f"cannot create network namespaces here: {done.stderr.strip()}")
+            made.append(ns)
+        steps = [
+            ("ip", "link", "add", veth_a, "type", "veth", "peer", "name", veth_b),
+            ("ip", "link", "set", veth_a, "netns", ns_a), ("ip", "link", "set", veth_b, "netns", ns_b),
+            ("ip", "-n", ns_a, "addr", "add", f"{ip_a}/24", "dev", veth_a),
+            ("ip", "-n", ns_b, "addr", "add", f"{ip_b}/24", "dev", veth_b),
+            ("ip", "-n", ns_a, "link", "set", veth_a, "up"), ("ip", "-n", ns_b, "link", "set", veth_b, "up"),
+            ("ip", "-n", ns_a, "link", "set", "lo", "up"), ("ip", "-n", ns_b, "link", "set", "lo", "up"),
+        ]
+        for step in steps:
+            done = _sh(*step)
+            if done.returncode != 0:
+                pytest.skip(f"cannot build the veth pair ({' '.join(step)}): {done.stderr.strip()}")
+        probe = _sh("ip", "netns", "exec", ns_a, "unshare", "--uts", "true")
+        if probe.returncode != 0:
+            pytest.skip(f"cannot unshare the UTS namespace: {probe.stderr.strip()}")
+        agent = tmp_path / "netns_agent.sh"
+        agent.write_text(NETNS_AGENT.format(ip_a=ip_a, ip_b=ip_b, ns_a=ns_a, ns_b=ns_b, name_a="hosta", name_b="hostb"))
+        agent.chmod(0o755)
+        yield {"ns_a": ns_a, "ip_a": ip_a, "ip_b": ip_b, "agent": str(agent)}
+    finally:
+        for ns in made:
+            # Nothing may outlive the test inside the namespace, then the namespace itself.
+            pids = _sh("ip", "netns", "pids", ns).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            _sh("ip", "netns", "del", ns)
+
+
+def test_two_hosts_in_network_namespaces(two_netns_hosts):
+    """2 hosts x 2 ranks: ranks on "hostb" start through the netns agent, talk over the veth."""
+    h = two_netns_hosts
+    launcher = [sys.executable, "-m", "smdist_tf.run", "-np", "4", "-H", f"{h['ip_a']}:2,{h['ip_b']}:2",
+                "--hierarchical-allreduce", "--mpi-args", f"--prtemca plm_ssh_agent {h['agent']}",
+                *ranks("topology", uuid.uuid4().hex)]
+    # The launcher runs on "hosta": inside the first namespace, with that hostname.
+    cmd = ["ip", "netns", "exec", h["ns_a"], "unshare", "--uts", "/bin/bash", "-c",
+           'hostname hosta; exec "$@"', "launch", *launcher]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=dict(os.environ))
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
+    reports = [json.loads(m) for m in re.findall(r"^\[\d\]<stdout>:TOPO (.*)$", done.stdout, re.M)]
+    assert len(reports) == 8, done.stdout
+    for info in reports:
+        r = info["rank"]
+        assert info["ok"], info
+        assert (info["size"], info["local_size"], info["cross_size"]) == (4, 2, 2), info
+        assert (info["local_rank"], info["cross_rank"]) == (r % 2, r // 2), info
+        if info["hierarchical"] is not None:  # once the engine reports it
+            assert info["hierarchical"] == (info["mode"] == "launcher"), info
+
+
+# ---------------------------------------------------------------- MPICH (opt-in)
+
+@pytest.mark.skipif(not os.environ.get("SMDIST_TEST_MPICH_MPIRUN"),
+                    reason="set SMDIST_TEST_MPICH_MPIRUN to an MPICH (Hydra) mpirun to test the MPICH command")
+def test_mpich_tagging_failure_and_flags(monkeypatch, capfd, deadline):
+    deadline(60)
+    monkeypatch.setenv("SMDIST_MPIRUN", os.environ["SMDIST_TEST_MPICH_MPIRUN"])
+    tag = uuid.uuid4().hex
+    assert main(["-np", "2", "--cycle-time-ms", "4", *ranks("echo", tag)]) == 0
+    out, _ = capfd.readouterr()
+    for r in range(2):
+        assert f"[{r}]<stdout>:hello {r} {tag}" in out and '"HOROVOD_CYCLE_TIME": "4"' in out
+    assert main(["-np", "3", *ranks("fail_one", tag)]) == 7
+    assert "rank 2 (on " in capfd.readouterr().err
+    time.sleep(0.5)
+    assert leftovers(tag) == []
