@@ -1,52 +1,56 @@
 """smdist_tf: fast, Horovod-compatible distributed training for TensorFlow 2 and Keras 3.
 
 Change ``import horovod.tensorflow as hvd`` to ``import smdist_tf as hvd`` and run
-the script under ``mpirun``.
+the script under ``smdistrun`` or ``mpirun``.
+
+Names are resolved lazily (PEP 562): ``import smdist_tf`` alone does not import
+TensorFlow, so the launcher (``smdistrun``, ``smdist_tf.run``) starts in a fraction
+of a second. The first use of any TensorFlow-bound name (``sd.init``,
+``sd.allreduce``, ...) loads TensorFlow and checks the native build.
 """
 
-from smdist_tf._native import build_info as _build_info  # checks the build first
-from smdist_tf.collectives import (
-    allgather,
-    allreduce,
-    alltoall,
-    barrier,
-    broadcast,
-    broadcast_variables,
-    grouped_allreduce,
-    grouped_broadcast,
-    oob_allreduce,
-    reducescatter,
-)
-from smdist_tf.compression import Compression
-from smdist_tf.gradient_tape import DistributedGradientTape
-from smdist_tf.reduce_ops import Adasum, Average, Max, Min, Product, Sum
-from smdist_tf.runtime import (
-    cross_rank,
-    cross_size,
-    cuda_built,
-    engine_config,
-    get_build_info,
-    gloo_built,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    shutdown,
-    size,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Adasum", "Average", "Compression", "DistributedGradientTape", "Max", "Min", "Product", "Sum",
-    "allgather", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_variables",
-    "cross_rank", "cross_size", "cuda_built", "engine_config", "get_build_info", "gloo_built",
-    "grouped_allreduce", "grouped_broadcast", "init", "is_homogeneous", "is_initialized",
-    "local_rank", "local_size", "mpi_built", "mpi_threads_supported", "nccl_built",
-    "oob_allreduce", "rank", "reducescatter", "shutdown", "size",
-]
+# Public name -> module that defines it.
+_EXPORTS: dict[str, str] = {
+    **{name: "smdist_tf.collectives" for name in (
+        "allgather", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_variables",
+        "grouped_allreduce", "grouped_broadcast", "oob_allreduce", "reducescatter",
+    )},
+    "Compression": "smdist_tf.compression",
+    "DistributedGradientTape": "smdist_tf.gradient_tape",
+    "allgather_object": "smdist_tf.objects",
+    "broadcast_object": "smdist_tf.objects",
+    **{name: "smdist_tf.reduce_ops" for name in ("Adasum", "Average", "Max", "Min", "Product", "Sum")},
+    **{name: "smdist_tf.runtime" for name in (
+        "cross_rank", "cross_size", "cuda_built", "engine_config", "get_build_info", "gloo_built", "init",
+        "is_homogeneous", "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_threads_supported",
+        "nccl_built", "rank", "shutdown", "size", "start_timeline", "stop_timeline",
+    )},
+    "DataParallelStrategy": "smdist_tf.distribute",
+}
+# Subpackages reachable as attributes. ``run`` is callable: smdist_tf.run(fn, np=2)
+# runs fn on every rank (see smdist_tf/run/__init__.py).
+_SUBMODULES = ("run", "keras", "distribute")
+
+__all__ = sorted([*_EXPORTS, "run"])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        importlib.import_module("smdist_tf._native")  # checks the build against this TensorFlow first
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # later lookups skip this hook
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"smdist_tf.{name}")
+    raise AttributeError(f"module 'smdist_tf' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS, *_SUBMODULES])

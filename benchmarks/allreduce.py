@@ -1,0 +1,590 @@
+"""Allreduce benchmark: smdist_tf against raw MPI_Allreduce and TF's MultiWorkerMirroredStrategy.
+
+Run the driver, which launches ``mpirun`` itself (one job per phase) and prints JSON lines::
+
+    python benchmarks/allreduce.py --np 2            # full run
+    python benchmarks/allreduce.py --np 4 --quick    # smoke run
+
+Phases (each its own ``mpirun`` job, because a MultiWorkerMirroredStrategy must be built before
+any other TensorFlow op runs in its process):
+
+* ``core``: raw ``MPI_Allreduce`` through mpi4py (measured before the smdist engine starts, so
+  its thread does not share the cores), then smdist_tf eager / ``tf.function`` allreduce,
+  fp16 compression and the ResNet-50-like gradient step fused and unfused.
+* ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy`` over loopback gRPC.
+* ``memcpy``: a local numpy copy in the driver process, as the machine's memory reference.
+
+Every output line is one JSON object; the last one has ``"summary": true`` and the ratios the
+targets of issue #3 are judged by. Nothing here asserts performance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+FULL_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+QUICK_SIZES = [4 << 10, 1 << 20]
+DTYPES = ["float32", "float16", "bfloat16"]
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+ALL_SYSTEMS = ["smdist_tf", "mpi", "mwms", "memcpy"]
+MIB = 1 << 20
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+def parse_size(text: str) -> int:
+    """Parses ``4K``, ``1M``, ``64MiB`` or a plain byte count.
+
+    Args:
+        text: the size as typed on the command line.
+
+    Returns:
+        The size in bytes.
+    """
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.I)
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}; use e.g. 4K, 1M, 64M")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def resnet50_shapes() -> list[tuple[int, ...]]:
+    """Trainable-variable shapes of a ResNet-50 (conv kernels without bias, BN gamma/beta, dense).
+
+    Returns:
+        161 shapes totalling about 25.6 M elements, in layer order.
+    """
+    shapes: list[tuple[int, ...]] = [(7, 7, 3, 64), (64,), (64,)]
+    cin = 64
+    for blocks, mid, out in [(3, 64, 256), (4, 128, 512), (6, 256, 1024), (3, 512, 2048)]:
+        for b in range(blocks):
+            if b == 0:  # projection shortcut
+                shapes += [(1, 1, cin, out), (out,), (out,)]
+            shapes += [(1, 1, cin, mid), (mid,), (mid,), (3, 3, mid, mid), (mid,), (mid,),
+                       (1, 1, mid, out), (out,), (out,)]
+            cin = out
+    shapes += [(2048, 1000), (1000,)]
+    return shapes
+
+
+def record(system: str, case: str, size: int, dtype: str, np_: int, seconds: Optional[float],
+           iters: int = 0, **extra: Any) -> dict:
+    """Builds one result line; bandwidths are derived from ``size`` bytes and ``seconds``.
+
+    Args:
+        system: ``smdist_tf``, ``mpi``, ``mwms`` or ``memcpy`` (plus a variant suffix).
+        case: what was reduced, e.g. ``single``, ``resnet50_grads``.
+        size: logical bytes reduced per call (the uncompressed tensor size).
+        dtype: element type of the user's tensor.
+        np_: number of ranks.
+        seconds: median seconds per call (max over ranks), or None when not measured.
+        iters: calls timed in total.
+        **extra: further keys (notes, wire bytes...).
+
+    Returns:
+        The JSON-ready dict.
+    """
+    algbw = size / seconds if seconds else None
+    # busbw normalises for the ring's 2(n-1)/n traffic; a local copy has no such factor.
+    factor = 1.0 if system == "memcpy" else 2.0 * (np_ - 1) / np_
+    busbw = algbw * factor if algbw is not None else None
+    rec = {"system": system, "case": case, "size_bytes": size, "dtype": dtype, "np": np_,
+           "seconds": seconds, "algbw": algbw, "busbw": busbw,
+           "algbw_GBps": None if algbw is None else round(algbw / 1e9, 4),
+           "busbw_GBps": None if busbw is None else round(busbw / 1e9, 4), "iters": iters}
+    rec.update(extra)
+    return rec
+
+
+def emit(rec: dict) -> None:
+    """Prints one JSON line at once (rank 0 only calls this)."""
+    print(json.dumps(rec), flush=True)
+
+
+class Timer:
+    """Times a callable the same way on every rank: warm-up, calibrate, then repetitions.
+
+    Each repetition starts from a barrier and runs ``inner`` back-to-back calls, so small
+    sizes measure latency without the barrier in it; the median repetition per call is taken
+    and the slowest rank's median reported.
+    """
+
+    def __init__(self, comm: Any, reps: int, warmup: int = 3, min_rep_s: float = 0.02, max_inner: int = 200):
+        self.comm, self.reps, self.warmup = comm, reps, warmup
+        self.min_rep_s, self.max_inner = min_rep_s, max_inner
+        self.last: dict[str, float] = {}
+
+    def __call__(self, fn: Callable[[], Any]) -> tuple[float, int]:
+        """Times ``fn``.
+
+        Args:
+            fn: one collective call; must be called the same number of times on every rank.
+
+        Returns:
+            (median seconds per call, slowest rank; total timed calls).
+        """
+        from mpi4py import MPI
+
+        # The warm-up calls double as calibration: the first (tracing, first negotiation) is
+        # ignored and the best of the rest sets the loop length, so a stray slow call cannot.
+        calls = []
+        for _ in range(max(self.warmup, 2)):
+            self.comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            calls.append(time.perf_counter() - t0)
+        one = self.comm.allreduce(min(calls[1:]), op=MPI.MAX)  # ranks must agree on the loop length
+        inner = int(min(self.max_inner, max(1, self.min_rep_s / max(one, 1e-9))))
+        samples = []
+        for _ in range(self.reps):
+            self.comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            samples.append((time.perf_counter() - t0) / inner)
+        # Best and worst repetitions too: on a shared machine the spread says how far to trust the median.
+        self.last = {"seconds_min": self.comm.allreduce(min(samples), op=MPI.MAX),
+                     "seconds_max": self.comm.allreduce(max(samples), op=MPI.MAX)}
+        return self.comm.allreduce(statistics.median(samples), op=MPI.MAX), inner * self.reps
+
+
+# ----------------------------------------------------------------------------- MPI (mpi4py)
+
+
+def _f16_sum(inbuf: Any, outbuf: Any, datatype: Any) -> None:
+    """MPI user op: float16 sum (numpy computes it in float32 and rounds)."""
+    import numpy as np
+
+    out = np.frombuffer(outbuf, dtype=np.float16)
+    out += np.frombuffer(inbuf, dtype=np.float16)
+
+
+def _bf16_sum(inbuf: Any, outbuf: Any, datatype: Any) -> None:
+    """MPI user op: bfloat16 sum via float32, rounded to nearest even."""
+    import numpy as np
+
+    a = np.frombuffer(inbuf, dtype=np.uint16).astype(np.uint32) << 16
+    out = np.frombuffer(outbuf, dtype=np.uint16)
+    s = (a.view(np.float32) + (out.astype(np.uint32) << 16).view(np.float32)).view(np.uint32)
+    out[:] = ((s + 0x7FFF + ((s >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def run_mpi(args: argparse.Namespace, comm: Any, timer: Timer) -> None:
+    """Raw MPI_Allreduce on numpy buffers: single sizes per dtype and the ResNet-50 list."""
+    import numpy as np
+    from mpi4py import MPI
+
+    n, rank = comm.Get_size(), comm.Get_rank()
+    # fp16/bf16 have no MPI type: a Python user op on 2-byte elements (slow, but a real sum).
+    ops = {"float32": (MPI.FLOAT, MPI.SUM), "float16": (MPI.UINT16_T, MPI.Op.Create(_f16_sum, commute=True)),
+           "bfloat16": (MPI.UINT16_T, MPI.Op.Create(_bf16_sum, commute=True))}
+    for dtype in args.dtypes:
+        mpi_type, op = ops[dtype]
+        for size in args.sizes:
+            # Zeros: in-place sums stay finite however many iterations run.
+            buf = np.zeros(size // ITEMSIZE[dtype], dtype=np.float32 if dtype == "float32" else np.uint16)
+            secs, iters = timer(lambda: comm.Allreduce(MPI.IN_PLACE, [buf, mpi_type], op=op))
+            if rank == 0:
+                note = {} if dtype == "float32" else {"note": "python user-defined MPI_Op (no native type)"}
+                emit(record("mpi", "single", size, dtype, n, secs, iters, **note, **timer.last))
+    shapes = resnet50_shapes()
+    bufs = [np.zeros(int(np.prod(s)), np.float32) for s in shapes]
+    total = sum(b.nbytes for b in bufs)
+
+    def loop() -> None:
+        for b in bufs:
+            comm.Allreduce(MPI.IN_PLACE, [b, MPI.FLOAT], op=MPI.SUM)
+
+    flat = np.zeros(total // 4, np.float32)
+    for case, fn in [("resnet50_grads_loop", loop),
+                     ("resnet50_grads_flat", lambda: comm.Allreduce(MPI.IN_PLACE, [flat, MPI.FLOAT], op=MPI.SUM))]:
+        secs, iters = timer(fn)
+        if rank == 0:
+            emit(record("mpi", case, total, "float32", n, secs, iters,
+                        tensors=len(bufs) if case.endswith("loop") else 1, **timer.last))
+
+
+# ----------------------------------------------------------------------------- smdist_tf
+
+
+def _tf_dtype(name: str) -> Any:
+    """The tf.DType for a dtype name used on the command line."""
+    import tensorflow as tf
+
+    return {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}[name]
+
+
+def _restart_engine(fusion_threshold: Optional[str]) -> None:
+    """Restarts the smdist engine with SMDIST_FUSION_THRESHOLD set (or unset for the default)."""
+    import smdist_tf as sd
+
+    if fusion_threshold is None:
+        os.environ.pop("SMDIST_FUSION_THRESHOLD", None)
+    else:
+        os.environ["SMDIST_FUSION_THRESHOLD"] = fusion_threshold
+    if sd.is_initialized():
+        sd.shutdown()
+    sd.init()
+
+
+def _chained_allreduce(x: Any, count: int, name: str) -> Callable[[], Any]:
+    """A tf.function running ``count`` dependent allreduces of ``x`` (no eager dispatch per op)."""
+    import tensorflow as tf
+
+    import smdist_tf as sd
+
+    @tf.function(autograph=False)  # a plain Python loop: nothing for AutoGraph to convert
+    def chained() -> Any:
+        t = x
+        for i in range(count):
+            t = sd.allreduce(t, op=sd.Average, name=f"{name}.graph{i}")
+        return t
+
+    return chained
+
+
+def run_smdist(args: argparse.Namespace, comm: Any, timer: Timer) -> dict:
+    """smdist_tf: eager and tf.function single tensors, fp16 compression, ResNet-50 step.
+
+    Returns:
+        The engine configuration the fused cases ran with.
+    """
+    import tensorflow as tf
+
+    import smdist_tf as sd
+
+    user_threshold = os.environ.get("SMDIST_FUSION_THRESHOLD")
+    _restart_engine(user_threshold if user_threshold not in (None, "0") else None)
+    config = sd.engine_config()
+    n, rank = sd.size(), sd.rank()
+    graph_loop = 4  # allreduces per tf.function call; the per-call cost is divided by it
+
+    for dtype in args.dtypes:
+        for size in args.sizes:
+            x = tf.fill([size // ITEMSIZE[dtype]], tf.constant(0.5, _tf_dtype(dtype)))
+            name = f"bench.{dtype}.{size}"
+            secs, iters = timer(lambda: sd.allreduce(x, op=sd.Sum, name=name))
+            if rank == 0:
+                emit(record("smdist_tf", "single", size, dtype, n, secs, iters, mode="eager", **timer.last))
+            if dtype == "float32":
+                # Engine cost without per-op eager dispatch: a chain of allreduces in one graph.
+                secs, iters = timer(_chained_allreduce(x, graph_loop, name))
+                if rank == 0:
+                    per_op = {k: v / graph_loop for k, v in timer.last.items()}
+                    emit(record("smdist_tf_graph", "single", size, dtype, n, secs / graph_loop, iters * graph_loop,
+                                mode="tf.function", allreduces_per_call=graph_loop, **per_op))
+                secs, iters = timer(lambda: sd.allreduce(x, op=sd.Sum, compression=sd.Compression.fp16,
+                                                         name=name + ".c16"))
+                if rank == 0:
+                    emit(record("smdist_tf", "fp16_compression", size, dtype, n, secs, iters, mode="eager",
+                                wire_dtype="float16", wire_bytes=size // 2, **timer.last))
+
+    grads = [tf.fill(list(s), 0.5) for s in resnet50_shapes()]
+    total = sum(int(g.shape.num_elements()) * 4 for g in grads)
+
+    def eager_loop() -> None:
+        for i, g in enumerate(grads):
+            sd.allreduce(g, op=sd.Average, name=f"rn.{i}")
+
+    cases = [("resnet50_grads_fused", None, lambda: sd.grouped_allreduce(grads, op=sd.Average, name="rn.group")),
+             ("resnet50_grads_unfused", "0", lambda: sd.grouped_allreduce(grads, op=sd.Average, name="rn.group")),
+             ("resnet50_grads_eager_loop", None, eager_loop)]
+    for case, threshold, fn in cases:
+        _restart_engine(threshold)
+        secs, iters = timer(fn)
+        if rank == 0:
+            emit(record("smdist_tf", case, total, "float32", n, secs, iters, tensors=len(grads),
+                        fusion_threshold_bytes=sd.engine_config()["fusion_threshold_bytes"], **timer.last))
+    return config
+
+
+def worker_core(args: argparse.Namespace) -> None:
+    """The ``core`` phase under mpirun: MPI baseline first, then smdist_tf."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    timer = Timer(comm, args.iters)
+    if "mpi" in args.systems:
+        run_mpi(args, comm, timer)  # before sd.init(): no engine thread competing for the cores
+    config = run_smdist(args, comm, timer) if "smdist_tf" in args.systems else None
+    if comm.Get_rank() == 0 and config is not None:
+        emit({"system": "smdist_tf", "case": "engine_config", "np": comm.Get_size(), "config": config})
+
+
+# ----------------------------------------------------------------------------- MultiWorkerMirroredStrategy
+
+
+def worker_mwms(args: argparse.Namespace) -> None:
+    """The ``mwms`` phase: TF's own collective all-reduce (ring over gRPC on loopback)."""
+    import socket
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    ports = None
+    if rank == 0:  # all ranks are on this host, so rank 0 can pick every port
+        socks = [socket.socket() for _ in range(n)]
+        for s in socks:
+            s.bind(("localhost", 0))
+        ports = [s.getsockname()[1] for s in socks]
+        for s in socks:
+            s.close()
+    ports = comm.bcast(ports, root=0)
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                                          "task": {"type": "worker", "index": rank}})
+    import tensorflow as tf
+
+    comm_opts = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm_opts)
+    timer = Timer(comm, args.iters)
+
+    def make_step(tensors: list) -> Callable[[], Any]:
+        @tf.function
+        def step() -> Any:
+            def replica_fn() -> Any:
+                ctx = tf.distribute.get_replica_context()
+                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tensors)
+            return strategy.run(replica_fn)
+
+        return step
+
+    with strategy.scope():
+        for size in args.sizes:
+            x = tf.fill([size // 4], 0.5)
+            secs, iters = timer(make_step([x]))
+            if rank == 0:
+                emit(record("mwms", "single", size, "float32", n, secs, iters, implementation="RING", **timer.last))
+        grads = [tf.fill(list(s), 0.5) for s in resnet50_shapes()]
+        total = sum(int(g.shape.num_elements()) * 4 for g in grads)
+        secs, iters = timer(make_step(grads))
+        if rank == 0:
+            emit(record("mwms", "resnet50_grads", total, "float32", n, secs, iters, tensors=len(grads), **timer.last))
+    comm.Barrier()
+    sys.stdout.flush()
+    MPI.Finalize()  # mpirun counts a rank that exits without finalize as failed
+    os._exit(0)  # the strategy's gRPC server can keep the process alive at exit
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def measure_memcpy(np_: int, reps: int) -> dict:
+    """Local numpy copy of 64 MiB: the machine's memory bandwidth reference."""
+    import numpy as np
+
+    src = np.ones(64 * MIB // 4, np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    samples = []
+    for _ in range(max(reps, 10)):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        samples.append(time.perf_counter() - t0)
+    return record("memcpy", "local_copy", src.nbytes, "float32", np_, statistics.median(samples), len(samples),
+                  note="bytes copied per second (read + write of the buffer counted once)")
+
+
+def mpirun_cmd(np_: int) -> list[str]:
+    """The mpirun next to this Python (the venv's Open MPI), else the one on PATH."""
+    local = Path(sys.executable).parent / "mpirun"
+    exe = str(local) if local.exists() else (shutil.which("mpirun") or "mpirun")
+    return [exe, "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
+
+
+def run_phase(phase: str, args: argparse.Namespace) -> tuple[list[dict], Optional[str]]:
+    """Runs one worker phase under mpirun; returns its JSON records and an error text if it failed.
+
+    Non-JSON output is passed through to stderr. The whole process group is killed on timeout.
+    """
+    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", phase, "--iters", str(args.iters),
+            "--sizes", ",".join(str(s) for s in args.sizes), "--dtypes", ",".join(args.dtypes),
+            "--systems", ",".join(args.systems)]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
+               TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+               PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p))
+    proc = subprocess.Popen(mpirun_cmd(args.np) + argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=sys.stderr, text=True, start_new_session=True)
+    records: list[dict] = []
+    deadline = time.monotonic() + args.timeout
+    error = None
+    try:
+        out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        error = f"phase {phase} timed out after {args.timeout} s"
+    for line in out.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if isinstance(rec, dict):
+            records.append(rec)
+            print(line, flush=True)
+        elif line.strip():
+            print(line, file=sys.stderr)
+    if error is None and proc.returncode != 0:
+        error = f"phase {phase} exited with {proc.returncode}"
+    return records, error
+
+
+def _find(records: list[dict], system: str, case: str, size: Optional[int] = None,
+          dtype: str = "float32") -> Optional[dict]:
+    """The first measured record matching system/case/size/dtype, or None."""
+    for r in records:
+        if (r.get("system") == system and r.get("case") == case and r.get("dtype") == dtype
+                and (size is None or r.get("size_bytes") == size) and r.get("seconds")):
+            return r
+    return None
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """a / b rounded, or None when either side was not measured."""
+    return round(a / b, 3) if a and b else None
+
+
+def summarize(records: list[dict], args: argparse.Namespace, errors: list[str], load: dict) -> dict:
+    """The issue #3 target ratios from the result lines.
+
+    Returns:
+        One summary dict (``"summary": true``).
+    """
+    big = [s for s in args.sizes if s >= MIB]
+    busbw_vs_mpi, best_vs_mpi, mwms_vs_mpi, comp = {}, {}, {}, {}
+    for s in big:
+        mpi = _find(records, "mpi", "single", s)
+        sm = _find(records, "smdist_tf", "single", s)
+        mw = _find(records, "mwms", "single", s)
+        busbw_vs_mpi[str(s)] = _ratio(sm and sm["busbw"], mpi and mpi["busbw"])
+        # Same ratio from each side's best repetition: steadier while others load the machine.
+        best_vs_mpi[str(s)] = _ratio(mpi and mpi.get("seconds_min"), sm and sm.get("seconds_min"))
+        mwms_vs_mpi[str(s)] = _ratio(mw and mw["busbw"], mpi and mpi["busbw"])
+        c16 = _find(records, "smdist_tf", "fp16_compression", s)
+        comp[str(s)] = _ratio(c16 and c16["seconds"], sm and sm["seconds"])
+    lat = _find(records, "smdist_tf", "single", 4096)
+    lat_graph = _find(records, "smdist_tf_graph", "single", 4096)
+    lat_mpi = _find(records, "mpi", "single", 4096)
+    fused = _find(records, "smdist_tf", "resnet50_grads_fused")
+    unfused = _find(records, "smdist_tf", "resnet50_grads_unfused")
+    loop = _find(records, "smdist_tf", "resnet50_grads_eager_loop")
+    ratios = [v for v in busbw_vs_mpi.values() if v is not None]
+    big16 = [v for k, v in busbw_vs_mpi.items() if int(k) >= 16 * MIB and v is not None]
+    comps = [v for v in comp.values() if v is not None]
+    engine = _find_config(records)
+    memcpy = _find(records, "memcpy", "local_copy")
+    return {
+        "summary": True, "np": args.np, "sizes": args.sizes, "quick": args.quick,
+        "busbw_ratio_smdist_vs_mpi_fp32": busbw_vs_mpi,
+        "min_busbw_ratio_ge_1MiB": min(ratios) if ratios else None,
+        "busbw_ratio_smdist_vs_mpi_fp32_best_rep": best_vs_mpi,
+        "target_busbw_ge_1x_mpi": (min(ratios) >= 1.0) if ratios else None,
+        "target_busbw_ge_2x_mpi_ge_16MiB": (min(big16) >= 2.0) if big16 else None,
+        "latency_4KiB_eager_us": round(lat["seconds"] * 1e6, 1) if lat else None,
+        "latency_4KiB_eager_best_rep_us": round(lat["seconds_min"] * 1e6, 1) if lat and "seconds_min" in lat else None,
+        "latency_4KiB_tf_function_us": round(lat_graph["seconds"] * 1e6, 1) if lat_graph else None,
+        "latency_4KiB_mpi_us": round(lat_mpi["seconds"] * 1e6, 1) if lat_mpi else None,
+        "target_latency_4KiB_le_100us": (lat["seconds"] <= 100e-6) if lat else None,
+        "resnet50_fused_s": fused and fused["seconds"], "resnet50_unfused_s": unfused and unfused["seconds"],
+        "resnet50_eager_loop_s": loop and loop["seconds"],
+        "fused_speedup_vs_unfused": _ratio(unfused and unfused["seconds"], fused and fused["seconds"]),
+        "fused_speedup_vs_eager_loop": _ratio(loop and loop["seconds"], fused and fused["seconds"]),
+        "target_fused_ge_3x": (unfused["seconds"] / fused["seconds"] >= 3.0) if fused and unfused else None,
+        "fp16_compression_time_ratio_vs_fp32": comp,
+        "fp16_compression_wire_bytes_ratio": 0.5,
+        "target_fp16_compression_faster_ge_1MiB": (max(comps) < 1.0) if comps else None,
+        "busbw_ratio_mwms_vs_mpi_fp32": mwms_vs_mpi,
+        "memcpy_GBps": memcpy and memcpy["algbw_GBps"],
+        "smdist_engine_config": engine,
+        "load_average": load,
+        "systems_present": sorted({r["system"] for r in records if r.get("seconds")}),
+        "errors": errors,
+    }
+
+
+def _library_mtime() -> Optional[str]:
+    """When the engine library was built: the C++ engine changes under us while we measure."""
+    lib = ROOT / "smdist_tf" / "libsmdist_core.so"
+    if not lib.exists():
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(lib.stat().st_mtime))
+
+
+def _find_config(records: list[dict]) -> Optional[dict]:
+    """The smdist engine configuration reported by the core phase, if any."""
+    for r in records:
+        if r.get("case") == "engine_config":
+            return r.get("config")
+    return None
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Command line of both the driver and the workers."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--np", type=int, default=2, help="ranks to launch (driver only)")
+    p.add_argument("--quick", action="store_true", help="sizes 4K and 1M, 3 repetitions: a smoke run")
+    p.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",") if x],
+                   help="comma-separated sizes, e.g. 4K,1M,64M (default 4K..64M in powers of 4)")
+    p.add_argument("--iters", type=int, help="timed repetitions per case; the median is reported (default 5)")
+    p.add_argument("--dtypes", type=lambda s: s.split(","), default=DTYPES, help="subset of float32,float16,bfloat16")
+    p.add_argument("--systems", type=lambda s: s.split(","), default=ALL_SYSTEMS,
+                   help="subset of smdist_tf,mpi,mwms,memcpy")
+    p.add_argument("--timeout", type=float, default=420.0, help="seconds allowed per mpirun phase")
+    p.add_argument("--worker", choices=["core", "mwms"], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
+    args.iters = args.iters or (3 if args.quick else 5)
+    bad = set(args.systems) - set(ALL_SYSTEMS) or set(args.dtypes) - set(DTYPES)
+    if bad:
+        p.error(f"unknown system/dtype: {sorted(bad)}")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Driver (launches the phases and prints the summary) or, with ``--worker``, one phase."""
+    args = parse_args(argv)
+    if args.worker == "core":
+        worker_core(args)
+        return 0
+    if args.worker == "mwms":
+        worker_mwms(args)
+        return 0
+    if "OMPI_COMM_WORLD_SIZE" in os.environ:
+        sys.exit("run the driver without mpirun: python benchmarks/allreduce.py --np N (it launches mpirun)")
+    load: dict[str, Any] = {"start": list(os.getloadavg()), "library_mtime_utc": _library_mtime()}
+    records: list[dict] = []
+    errors: list[str] = []
+    if "memcpy" in args.systems:
+        rec = measure_memcpy(args.np, args.iters)
+        records.append(rec)
+        emit(rec)
+    phases = ([] if not {"smdist_tf", "mpi"} & set(args.systems) else ["core"]) + \
+        (["mwms"] if "mwms" in args.systems else [])
+    for phase in phases:
+        recs, err = run_phase(phase, args)
+        records += recs
+        if err:
+            errors.append(err)
+    load["end"] = list(os.getloadavg())
+    summary = summarize(records, args, errors, {"start": load["start"], "end": load["end"]})
+    summary["smdist_library_mtime_utc"] = load["library_mtime_utc"]
+    summary["smdist_library_rebuilt_during_run"] = load["library_mtime_utc"] != _library_mtime()
+    emit(summary)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

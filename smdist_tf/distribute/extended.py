@@ -1,0 +1,159 @@
+"""``DataParallelExtended``: the StrategyExtended behind ``DataParallelStrategy``.
+
+One replica per process (rank r is replica r); every cross-replica operation goes
+through ``SmdistCrossDeviceOps``. Builds on TF's MirroredExtended for variables,
+updates and input pipelines, and overrides what must span processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import distribute_utils
+from tensorflow.python.distribute import input_util
+from tensorflow.python.distribute import mirrored_strategy
+from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.trackable import base as trackable_base
+
+from smdist_tf.collectives import broadcast
+from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps, gather_tensor, local_value, reduce_flat
+from smdist_tf.runtime import local_rank, rank, size
+
+_BROADCASTABLE = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.bool)
+
+
+def local_device() -> str:
+    """The device this process computes on: its local GPU if there is one, else the CPU."""
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        return gpus[local_rank() % len(gpus)].name
+    return "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+class DataParallelExtended(mirrored_strategy.MirroredExtended):
+    """StrategyExtended for ``DataParallelStrategy`` (see there)."""
+
+    def __init__(self, container_strategy: Any, cross_device_ops: SmdistCrossDeviceOps) -> None:
+        super().__init__(container_strategy, devices=[local_device()], cross_device_ops=cross_device_ops)
+        # Whatever TF would pick for XLA or int32 values, ours is the only one that spans processes.
+        self._collective_ops = cross_device_ops
+        self._cluster_resolver = None
+
+    # --- topology -------------------------------------------------------------------------------
+    @property
+    def _num_replicas_in_sync(self) -> int:
+        return size()
+
+    def _get_replica_id_in_sync_group(self, replica_id: int) -> int:
+        return rank() + replica_id
+
+    def _get_local_replica_id(self, replica_id_in_sync_group: int) -> int:
+        return replica_id_in_sync_group - rank()
+
+    def _in_multi_worker_mode(self) -> bool:
+        # Makes TF's distributed iterators agree every step on whether any rank still has
+        # data, so uneven shards end together (with empty batches) instead of hanging.
+        return True
+
+    @property
+    def experimental_between_graph(self) -> bool:
+        return True
+
+    @property
+    def should_checkpoint(self) -> bool:
+        return rank() == 0
+
+    @property
+    def should_save_summary(self) -> bool:
+        return rank() == 0
+
+    def _use_merge_call(self) -> bool:
+        # merge_call cannot run inside tf.cond (Keras gradient accumulation); one replica needs none.
+        return False
+
+    def _get_cross_device_ops(self, value: Any) -> SmdistCrossDeviceOps:
+        return self._cross_device_ops
+
+    # --- variables ------------------------------------------------------------------------------
+    def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
+        # ONLY_FIRST_REPLICA needs merge_call to write; with one replica per process every
+        # rank computes the same update anyway (e.g. optimizer.iterations, loss scale).
+        if kwargs.get("aggregation") == tf.VariableAggregation.ONLY_FIRST_REPLICA:
+            kwargs["aggregation"] = tf.VariableAggregation.NONE
+        return super()._create_variable(next_creator, **kwargs)
+
+    def _get_variable_creator_initial_value(self, replica_id: int, device: str, primary_var: Any, **kwargs: Any) -> Any:
+        if replica_id != 0:
+            return super()._get_variable_creator_initial_value(replica_id, device, primary_var, **kwargs)
+        initial_value, dtype = kwargs["initial_value"], kwargs.get("dtype")
+
+        def from_rank_zero():
+            value = initial_value() if callable(initial_value) else initial_value
+            if isinstance(value, trackable_base.CheckpointInitialValue):
+                value = value.wrapped_value
+            value = tf.convert_to_tensor(value, dtype=dtype)
+            if size() == 1 or value.dtype not in _BROADCASTABLE:
+                return value
+            # Every rank starts from rank 0's value, whatever its own random seed.
+            with tf.device(device):
+                return broadcast(value, root_rank=0)
+
+        return from_rank_zero
+
+    # --- input ----------------------------------------------------------------------------------
+    def _input_context(self) -> tf.distribute.InputContext:
+        return tf.distribute.InputContext(num_input_pipelines=size(), input_pipeline_id=rank(), num_replicas_in_sync=size())
+
+    def _experimental_distribute_dataset(self, dataset: tf.data.Dataset, options: Any) -> Any:
+        if options and options.experimental_replication_mode == distribute_lib.InputReplicationMode.PER_REPLICA:
+            raise NotImplementedError("InputReplicationMode.PER_REPLICA needs distribute_datasets_from_function")
+        return input_util.get_distributed_dataset(
+            dataset,
+            self._input_workers_with_options(options),
+            self._container_strategy(),
+            num_replicas_in_sync=size(),
+            input_context=self._input_context(),
+            options=options,
+        )
+
+    def _distribute_datasets_from_function(self, dataset_fn: Any, options: Any) -> Any:
+        return input_util.get_distributed_datasets_from_function(
+            dataset_fn=dataset_fn,
+            input_workers=self._input_workers_with_options(options),
+            input_contexts=[self._input_context()],
+            strategy=self._container_strategy(),
+            options=options,
+        )
+
+    def _experimental_distribute_values_from_function(self, value_fn: Any) -> Any:
+        context = distribute_lib.ValueContext(replica_id_in_sync_group=rank(), num_replicas_in_sync=size())
+        return distribute_utils.regroup((value_fn(context),))
+
+    # --- communication --------------------------------------------------------------------------
+    def _reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any) -> Any:
+        flat = tf.nest.flatten(value, expand_composites=False)
+        if all(isinstance(v, values_lib.Mirrored) for v in flat) and reduce_op == tf.distribute.ReduceOp.MEAN:
+            return value  # already identical everywhere
+        # Plain tensors count as this rank's replica value (graph tensors captured
+        # outside strategy.run come with empty destinations, which TF's checks reject).
+        reduced = reduce_flat(reduce_op, [local_value(v) for v in flat], self._cross_device_ops._compression)
+        return tf.nest.pack_sequence_as(value, reduced)
+
+    def _batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any) -> list:
+        values = [value for value, _ in value_destination_pairs]
+        return self._reduce_to(reduce_op, values, None, options)
+
+    def _gather_to_implementation(self, value: Any, destinations: Any, axis: int, options: Any) -> Any:
+        return tf.nest.map_structure(lambda v: gather_tensor(local_value(v), axis), value)
+
+    def _replica_ctx_all_reduce(self, reduce_op: Any, value: Any, options: Any = None) -> Any:
+        # One replica per process: no merge_call, in eager mode too.
+        return self._cross_device_ops._all_reduce(reduce_op, value, 0, options)
+
+    def _replica_ctx_update(self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool) -> Any:
+        if isinstance(var, values_lib.DistributedVariable):
+            var = var._get_replica(0)  # pylint: disable=protected-access
+        with tf.device(var.device):
+            return fn(var, *args, **kwargs)

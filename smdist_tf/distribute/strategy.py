@@ -1,0 +1,76 @@
+"""``DataParallelStrategy``: a ``tf.distribute.Strategy`` with one replica per smdist_tf process."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import tensorflow as tf
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import values as values_lib
+
+from smdist_tf.compression import Compression, Compressor
+from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps
+from smdist_tf.distribute.extended import DataParallelExtended
+from smdist_tf.runtime import init, is_initialized, rank
+
+
+def _is_scalar_value(value: Any) -> bool:
+    def scalar(v: Any) -> bool:
+        v = v.values[0] if isinstance(v, values_lib.DistributedValues) else v
+        shape = getattr(v, "shape", None)
+        return shape is not None and shape.rank == 0
+
+    return all(scalar(v) for v in tf.nest.flatten(value, expand_composites=False))
+
+
+# Subclassing MultiWorkerMirroredStrategy (without its __init__) makes Keras treat us as a
+# multi-worker strategy: per-batch logs are reduced across ranks and predict() gathers.
+class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """Synchronous data parallelism over smdist_tf processes (launched by ``mpirun``), one replica each.
+
+    Use like any ``tf.distribute.Strategy``: create and compile the model inside
+    ``scope()``; ``model.fit`` and ``strategy.run`` then average gradients over all
+    ranks in one fused allreduce, variables start from rank 0's values, datasets are
+    sharded per rank (the batch size you give is the global batch), and logs are
+    global averages. Checkpoints and summaries should be written where
+    ``strategy.extended.should_checkpoint`` is true (rank 0).
+
+    Args:
+        compression: wire compression for floating-point reductions
+            (``Compression.none``, ``.fp16`` or ``.bf16``).
+        progress_on_rank_zero_only: route Keras' progress bars and messages on the other
+            ranks to absl logging (hidden by default), so one rank prints them.
+    """
+
+    def __init__(self, compression: type[Compressor] = Compression.none, progress_on_rank_zero_only: bool = True) -> None:
+        if not is_initialized():
+            init()
+        distribute_lib.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression)))
+        import keras  # only needed from here on
+
+        from smdist_tf.keras.loss_scale import install_finite_agreement
+
+        install_finite_agreement()
+        if progress_on_rank_zero_only and rank() != 0:
+            keras.config.disable_interactive_logging()
+
+    @property
+    def cluster_resolver(self) -> None:
+        """No TF cluster: processes are found through MPI."""
+        return None
+
+    def reduce(self, reduce_op: Any, value: Any, axis: Optional[int] = None) -> Any:
+        """``tf.distribute.Strategy.reduce``, also for scalars with ``axis=0``.
+
+        TF fails on ``reduce(MEAN, scalar, axis=0)`` (tensorflow/tensorflow#72388),
+        which Keras issues for per-batch logs; a scalar has no axis to reduce, so the
+        axis is dropped.
+        """
+        if axis == 0 and _is_scalar_value(value):
+            axis = None
+        return super().reduce(reduce_op, value, axis)
+
+    def __deepcopy__(self, memo: dict) -> "DataParallelStrategy":
+        # Keras and tf.function may deep-copy strategies; one per process is enough.
+        memo[id(self)] = self
+        return self

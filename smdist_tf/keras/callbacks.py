@@ -1,0 +1,151 @@
+"""Keras callbacks for data-parallel training: broadcast, metric averaging, LR warm-up, rank-0 checkpoints."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any, Optional
+
+import keras
+import tensorflow as tf
+
+from smdist_tf.collectives import broadcast_variables, grouped_allreduce
+from smdist_tf.reduce_ops import Average
+from smdist_tf.runtime import rank, size
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Makes every rank start from ``root_rank``'s model and optimizer state.
+
+    Broadcasts the model's variables when training begins and, once the first batch has
+    created the optimizer's slots, the model's and optimizer's variables again.
+
+    Args:
+        root_rank: the rank whose values everyone takes.
+    """
+
+    def __init__(self, root_rank: int = 0) -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self._done = False
+
+    def on_train_begin(self, logs: Optional[dict] = None) -> None:
+        if self.model.built:
+            broadcast_variables(self.model.variables, root_rank=self.root_rank)
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        if self._done:
+            return
+        broadcast_variables(list(self.model.variables) + list(self.model.optimizer.variables), root_rank=self.root_rank)
+        self._done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replaces each numeric epoch-end log value by its average over all ranks.
+
+    Keras runs user callbacks before its progress bar and History, so those see the
+    averages. Keys are reduced in sorted order in one request, so every rank must log
+    the same keys.
+    """
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        if logs is None or size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float)) or (hasattr(v, "shape") and len(getattr(v, "shape", ())) == 0))
+        if not keys:
+            return
+        values = [tf.constant(float(logs[k]), tf.float64) for k in keys]
+        averaged = grouped_allreduce(values, op=Average, name=f"smdist.metric_average.{epoch}")
+        for k, v in zip(keys, averaged):
+            logs[k] = float(v.numpy())
+
+
+class LearningRateWarmupCallback(keras.callbacks.Callback):
+    """Ramps the learning rate from ``initial_lr / size()`` up to ``initial_lr`` over the first epochs.
+
+    Large data-parallel runs scale the learning rate by the number of ranks; starting
+    lower avoids early divergence (Goyal et al., 2017). The rate is set before every
+    batch of the warm-up through Keras 3's ``optimizer.learning_rate``.
+
+    Args:
+        initial_lr: the learning rate after warm-up (usually the base rate × ``size()``).
+        warmup_epochs: number of epochs the ramp lasts.
+        momentum_correction: scale a variable ``momentum`` by new_lr/old_lr at each change.
+            Keras 3's built-in optimizers keep momentum as a Python float baked into the
+            compiled step, so for them this has no effect.
+        steps_per_epoch: batches per epoch; taken from ``fit`` when ``None``.
+        verbose: print the rate at the end of the warm-up when > 0.
+    """
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True, steps_per_epoch: Optional[int] = None, verbose: int = 0) -> None:
+        super().__init__()
+        if warmup_epochs < 0:
+            raise ValueError("warmup_epochs must be >= 0")
+        self.initial_lr = float(initial_lr)
+        self.warmup_epochs = warmup_epochs
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.verbose = verbose
+        self._epoch = 0
+        self._restore_momentum: Optional[float] = None
+
+    def _steps(self) -> int:
+        steps = self.steps_per_epoch or (self.params or {}).get("steps")
+        if not steps:
+            raise ValueError("LearningRateWarmupCallback needs steps_per_epoch when fit() cannot tell it")
+        return int(steps)
+
+    def learning_rate_at(self, epoch: int, batch: int) -> float:
+        """The warm-up rate at ``batch`` of ``epoch`` (both from 0)."""
+        if self.warmup_epochs == 0:
+            return self.initial_lr
+        progress = min((epoch + batch / self._steps()) / self.warmup_epochs, 1.0)
+        return self.initial_lr / size() * (1.0 + progress * (size() - 1))
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None:
+        if self._epoch > self.warmup_epochs:
+            return
+        optimizer = self.model.optimizer
+        old = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        new = self.learning_rate_at(self._epoch, batch)
+        optimizer.learning_rate = new
+        momentum = getattr(optimizer, "momentum", None)
+        if self.momentum_correction and isinstance(momentum, (tf.Variable, keras.Variable)) and old > 0 and new != old:
+            # Only for this batch: the velocity was accumulated at the old rate.
+            self._restore_momentum = float(keras.ops.convert_to_numpy(momentum))
+            momentum.assign(self._restore_momentum * (new / old))
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        if self._restore_momentum is not None:
+            self.model.optimizer.momentum.assign(self._restore_momentum)
+            self._restore_momentum = None
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        if epoch == self.warmup_epochs - 1 and self.verbose > 0 and rank() == 0:
+            print(f"\nEpoch {epoch + 1}: finished learning rate warm-up to {self.initial_lr:g}.")
+
+
+class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """``keras.callbacks.ModelCheckpoint`` whose files appear only from rank 0.
+
+    Every rank still runs the save (reading distributed variables can involve
+    collectives, so all ranks must take part), but ranks other than 0 write into a
+    private temporary directory that is removed right away. Arguments are those of
+    ``keras.callbacks.ModelCheckpoint``.
+    """
+
+    def _save_model(self, epoch: int, batch: Any, logs: Any) -> None:
+        if rank() == 0:
+            return super()._save_model(epoch, batch, logs)
+        real = self.filepath
+        scratch = tempfile.mkdtemp(prefix="smdist_ckpt_")
+        try:
+            self.filepath = os.path.join(scratch, os.path.basename(real))
+            return super()._save_model(epoch, batch, logs)
+        finally:
+            self.filepath = real
+            shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,145 @@
+"""``DistributedOptimizer`` for Keras 3 optimizers (Horovod-style, without a Strategy)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import keras
+import tensorflow as tf
+
+from smdist_tf.compression import Compression, Compressor
+from smdist_tf.gradient_tape import DistributedGradientTape
+from smdist_tf.keras.loss_scale import install_finite_agreement
+from smdist_tf.reduce_ops import Average
+
+
+class _DistributedApply:
+    """Mixed in front of the wrapped optimizer's class; ``apply`` reduces gradients first.
+
+    Settings live on the dynamic class, so ``from_config`` on it rebuilds an equally
+    configured optimizer while ``get_config`` stays the wrapped class's own config.
+    """
+
+    _smdist_settings: dict = {}
+
+    @property
+    def _smdist_reduces_in_apply(self) -> bool:
+        return True
+
+    def _smdist_reducer(self) -> DistributedGradientTape:
+        # The tape's reduction (fusion, groups, sparse handling) without a recorded tape.
+        s = self._smdist_settings
+        return DistributedGradientTape(
+            None,
+            compression=s["compression"],
+            sparse_as_dense=s["sparse_as_dense"],
+            op=s["op"],
+            gradient_predivide_factor=s["gradient_predivide_factor"],
+            num_groups=s["num_groups"],
+            groups=s["groups"],
+        )
+
+    def build(self, variables: Sequence[Any]) -> None:
+        super().build(variables)
+        if self._smdist_settings["backward_passes_per_step"] > 1:
+            self._smdist_accumulators = [
+                self.add_variable_from_reference(v, name="smdist_accumulated_grad") for v in variables
+            ]
+            self._smdist_passes = self.add_variable((), initializer="zeros", dtype="int64", name="smdist_passes")
+
+    def apply(self, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None) -> None:
+        grads = list(grads)
+        if trainable_variables is None:
+            trainable_variables = self._trainable_variables
+        trainable_variables = list(trainable_variables)
+        passes = self._smdist_settings["backward_passes_per_step"]
+        if passes == 1:
+            reduced = self._smdist_reducer()._reduce(grads, trainable_variables)
+            return super().apply(reduced, trainable_variables)
+        if not self.built:
+            self.build(trainable_variables)
+            self.built = True
+        return self._smdist_accumulate_and_apply(grads, trainable_variables, passes)
+
+    def _smdist_accumulate_and_apply(self, grads: list, variables: list, passes: int) -> None:
+        accumulators = [self._smdist_accumulators[self._get_variable_index(v)] for v in variables]
+        for acc, g in zip(accumulators, grads):
+            if g is not None:
+                acc.assign_add(tf.convert_to_tensor(g))
+        self._smdist_passes.assign_add(1)
+        divide = self._smdist_settings["average_aggregated_gradients"]
+
+        def reduce_and_apply():
+            # Same iteration count on every rank, so every rank takes this branch together.
+            local = [None if g is None else (acc / passes if divide else acc + 0) for acc, g in zip(accumulators, grads)]
+            reduced = self._smdist_reducer()._reduce([None if x is None else tf.convert_to_tensor(x) for x in local], variables)
+            super(_DistributedApply, self).apply(reduced, variables)
+            for acc in accumulators:
+                acc.assign(tf.zeros_like(acc))
+            return tf.constant(True)
+
+        tf.cond(tf.equal(self._smdist_passes % passes, 0), reduce_and_apply, lambda: tf.constant(False))
+
+
+def DistributedOptimizer(
+    optimizer: keras.optimizers.Optimizer,
+    name: Optional[str] = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: type[Compressor] = Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: int = Average,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    num_groups: int = 0,
+    groups: Optional[Sequence[Sequence[Any]]] = None,
+) -> keras.optimizers.Optimizer:
+    """Returns a copy of a Keras 3 ``optimizer`` that averages gradients over all ranks before applying them.
+
+    The result is an instance of a subclass of ``optimizer``'s class with the same class
+    name, so ``get_config()``/``from_config()`` round-trip and saved models load
+    without smdist_tf. Every update path (``model.fit``, ``apply_gradients``,
+    ``apply``, a surrounding ``LossScaleOptimizer``) reduces in ``apply``. Use it
+    without a ``tf.distribute`` strategy (a ``DataParallelStrategy`` already reduces).
+
+    Args:
+        optimizer: the Keras 3 optimizer to wrap (its config is copied; a fresh, unbuilt one is returned).
+        name: optional new name for the optimizer.
+        device_dense: accepted for Horovod compatibility.
+        device_sparse: accepted for Horovod compatibility.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16``.
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients before reducing.
+        gradient_predivide_factor: with ``Average``, divide before the sum and after by ``size()/factor``.
+        op: ``Average`` or ``Sum``.
+        backward_passes_per_step: accumulate this many local gradients before one reduction and update.
+        average_aggregated_gradients: divide the accumulated gradients by ``backward_passes_per_step``.
+        num_groups: split the gradients into this many fused requests (0: one).
+        groups: explicit grouping of variables into fused requests.
+
+    Returns:
+        The distributed optimizer.
+    """
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be >= 1")
+    if tf.distribute.has_strategy() and tf.distribute.get_strategy().num_replicas_in_sync > 1:
+        raise ValueError("DistributedOptimizer reduces by itself; do not use it inside a tf.distribute strategy scope")
+    # Validates op / predivide the same way the tape does, on every rank alike.
+    DistributedGradientTape(None, op=op, gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups)
+    install_finite_agreement()
+    base = type(optimizer)
+    settings = dict(
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        num_groups=num_groups,
+        groups=groups,
+        backward_passes_per_step=int(backward_passes_per_step),
+        average_aggregated_gradients=average_aggregated_gradients,
+    )
+    cls = type(base.__name__, (_DistributedApply, base), {"_smdist_settings": settings, "__module__": base.__module__})
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    return cls.from_config(config)

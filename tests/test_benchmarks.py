@@ -1,0 +1,68 @@
+"""Smoke test of benchmarks/allreduce.py: a --quick run on 2 ranks emits well-formed JSON for every system.
+
+It checks the output's shape only, never performance: the machine may be loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "allreduce.py"
+RESULT_KEYS = {"system", "case", "size_bytes", "dtype", "np", "seconds", "algbw", "busbw", "iters"}
+SUMMARY_KEYS = {
+    "busbw_ratio_smdist_vs_mpi_fp32", "latency_4KiB_eager_us", "fused_speedup_vs_unfused",
+    "fp16_compression_time_ratio_vs_fp32", "memcpy_GBps", "load_average", "systems_present", "errors",
+}
+
+
+def _run_quick(np_: int, timeout: float) -> tuple[int, str, str]:
+    """Runs the driver; kills its whole process group (mpirun and ranks) on timeout."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("OMPI_COMM_WORLD_SIZE", None)  # the driver refuses to run under mpirun
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--np", str(np_), "--quick", "--timeout", "240"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"benchmark timed out after {timeout} s\n{err[-5000:]}")
+    return proc.returncode, out, err
+
+
+def test_quick_run_emits_json_for_all_systems() -> None:
+    code, out, err = _run_quick(2, timeout=300)
+    assert code == 0, f"exit {code}\nstdout:\n{out[-5000:]}\nstderr:\n{err[-5000:]}"
+    lines = [line for line in out.splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every stdout line must be JSON
+    assert all(isinstance(r, dict) for r in records)
+    summary = records[-1]
+    assert summary.get("summary") is True
+    assert SUMMARY_KEYS <= summary.keys(), SUMMARY_KEYS - summary.keys()
+    assert summary["np"] == 2 and summary["errors"] == []
+
+    results = [r for r in records[:-1] if r.get("case") != "engine_config"]
+    for r in results:
+        assert RESULT_KEYS <= r.keys(), (RESULT_KEYS - r.keys(), r)
+        assert r["np"] == 2
+        assert r["seconds"] is None or r["seconds"] > 0
+    systems = {r["system"] for r in results}
+    assert {"smdist_tf", "smdist_tf_graph", "mpi", "mwms", "memcpy"} <= systems, systems
+    cases = {(r["system"], r["case"]) for r in results}
+    for needed in [("smdist_tf", "single"), ("smdist_tf", "fp16_compression"), ("smdist_tf", "resnet50_grads_fused"),
+                   ("smdist_tf", "resnet50_grads_unfused"), ("mpi", "single"), ("mwms", "single")]:
+        assert needed in cases, needed
+    dtypes = {r["dtype"] for r in results if r["system"] == "smdist_tf" and r["case"] == "single"}
+    assert dtypes == {"float32", "float16", "bfloat16"}
+    # The quick sizes include 4 KiB and 1 MiB, so the summary's ratios are all computed.
+    assert summary["latency_4KiB_eager_us"] is not None
+    assert summary["fused_speedup_vs_unfused"] is not None
+    assert summary["busbw_ratio_smdist_vs_mpi_fp32"].get(str(1 << 20)) is not None

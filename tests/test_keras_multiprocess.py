@@ -1,0 +1,33 @@
+"""Keras 3 / tf.distribute integration across 2 and 4 ranks, and the Keras digits example end to end."""
+
+import re
+
+import pytest
+
+from tests.mpi_harness import run_suite, run_under_mpi
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_keras_suite(np):
+    run_suite("suite_keras.py", np, timeout=600)
+
+
+@pytest.mark.parametrize("np", [1, 2, 4])
+def test_keras_digits_example(np):
+    code, out = run_under_mpi(np, ["examples/keras_digits.py", "--epochs", "8"], timeout=400)
+    assert code == 0, out[-5000:]
+    epochs = re.findall(r"epoch +\d+: loss ([\d.]+)  accuracy ([\d.]+)", out)
+    assert len(epochs) == 8, out[-3000:]
+    assert float(epochs[-1][0]) < float(epochs[0][0]), "the global loss did not fall"
+    assert float(re.search(r"test accuracy: ([\d.]+)", out).group(1)) >= 0.95, out[-3000:]
+    assert "weights identical on all ranks: True" in out
+
+
+def test_tf2_custom_loop_example_two_ranks(tmp_path):
+    code, out = run_under_mpi(2, ["examples/tf2_custom_loop.py", "--epochs", "6", "--checkpoint-dir", str(tmp_path)], timeout=400)
+    assert code == 0, out[-5000:]
+    losses = [float(v) for v in re.findall(r"epoch +\d+: loss ([\d.]+)", out)]
+    assert len(losses) == 6 and losses[-1] < losses[0], out[-3000:]
+    assert float(re.search(r"test accuracy: ([\d.]+)", out).group(1)) >= 0.85, out[-3000:]
+    assert len(re.findall(r"checkpoint written by rank 0", out)) == 1
+    assert any(p.name.startswith("ckpt-1") for p in tmp_path.iterdir())
