@@ -12,9 +12,18 @@ of a second. The first use of any TensorFlow-bound name (``sd.init``,
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 __version__ = "0.1.0"
+
+# TensorFlow's default CPU allocator returns large tensors to the OS when they
+# die, so every step faults fresh pages back in for gradients and collective
+# outputs (on VMs that costs more than the allreduce itself). Its BFC pool keeps
+# them mapped. TF creates the allocator at its first allocation, so this works
+# unless the script allocated tensors before importing smdist_tf; set the
+# variable to "false" beforehand to keep TF's default.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 # Public name -> module that defines it.
 _EXPORTS: dict[str, str] = {

@@ -103,7 +103,11 @@ def gloo_built() -> bool:
 
 
 def engine_config() -> dict:
-    """The engine settings in force (fusion threshold, cycle time, stall timeouts, host name)."""
+    """The engine settings in force (fusion threshold, cycle time, stall timeouts, host name).
+
+    ``intra_host_allreduce`` says which path large allreduces between ranks of
+    one host take: ``cross_memory_attach``, ``shared_memory`` or ``mpi``.
+    """
     return dict(_rt.config())
 
 

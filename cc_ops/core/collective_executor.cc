@@ -95,15 +95,21 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
       ScaleInPlace(dtype, e.output, count, e.prescale);
       send = e.output;
     }
+    if (e.prescale == 1.0 && transport_->CanAllreduceSpans(count * static_cast<int64_t>(elem), 1)) {
+      return AllreduceInPlace(entries);
+    }
     const auto t0 = Timeline::Clock::now();
     SMDIST_RETURN_IF_ERROR(transport_->Allreduce(send, e.output, count, dtype, WireOp(e.reduce_op)));
     FinishReduction(dtype, e.reduce_op, e.postscale, e.output, count);
     Trace("ALLREDUCE", t0);
     return Status::OK();
   }
-  // Fused: pack, reduce once, unpack.
   int64_t total = 0;
   for (const TensorEntry& e : *entries) total += NumElements(e.shape);
+  if (first.prescale == 1.0 && transport_->CanAllreduceSpans(total * static_cast<int64_t>(elem), entries->size())) {
+    return AllreduceInPlace(entries);
+  }
+  // Fused: pack, reduce once, unpack.
   if (fusion_buffer_.size() < static_cast<size_t>(total) * elem) {
     fusion_buffer_.resize(static_cast<size_t>(total) * elem);
   }
@@ -131,6 +137,33 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
     offset += bytes;
   }
   Trace("COPY_OUT_FUSION_BUFFER", t0);
+  return Status::OK();
+}
+
+Status CollectiveExecutor::AllreduceInPlace(std::vector<TensorEntry>* entries) {
+  // The transport reads every tensor where it lies: no fusion-buffer copies,
+  // and the final scaling happens while each shard is still in cache.
+  const TensorEntry& first = (*entries)[0];
+  const bool fold_scaling = IsFloatingPoint(first.dtype) || first.reduce_op != ReduceOp::kAverage;
+  double postscale = 1.0;
+  if (fold_scaling) {
+    postscale = first.postscale;
+    if (first.reduce_op == ReduceOp::kAverage) postscale /= transport_->topology().size;
+  }
+  std::vector<TensorSpan> spans;
+  spans.reserve(entries->size());
+  for (const TensorEntry& e : *entries) {
+    const int64_t count = NumElements(e.shape);
+    if (count > 0) spans.push_back({e.input, e.output, count});
+  }
+  const auto t0 = Timeline::Clock::now();
+  SMDIST_RETURN_IF_ERROR(transport_->AllreduceSpans(spans, first.dtype, WireOp(first.reduce_op), postscale));
+  if (!fold_scaling) {  // integer average: divide like TF does, tensor by tensor
+    for (const TensorSpan& s : spans) {
+      FinishReduction(first.dtype, first.reduce_op, first.postscale, s.output, s.count);
+    }
+  }
+  Trace("ALLREDUCE", t0);
   return Status::OK();
 }
 

@@ -24,6 +24,8 @@ class CollectiveExecutor {
 
  private:
   Status Allreduce(std::vector<TensorEntry>* entries);
+  // Fused or single allreduce straight between the ranks' tensors (no fusion buffer).
+  Status AllreduceInPlace(std::vector<TensorEntry>* entries);
   Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims);
   Status Broadcast(TensorEntry* entry);
   Status Alltoall(TensorEntry* entry, const std::vector<int64_t>& split_matrix);

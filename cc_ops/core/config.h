@@ -19,6 +19,9 @@ struct EngineConfig {
   int64_t shm_segment_bytes = 16 * 1024 * 1024;
   // Below this size MPI's own allreduce is faster than our shared-memory path.
   int64_t shm_min_bytes = 256 * 1024;
+  // Single-host allreduce reads peers' tensors directly (process_vm_readv)
+  // when the OS allows it; otherwise, or when off, through the shared segment.
+  bool cross_memory_attach = true;
   // Collectives remembered for bit-vector negotiation; 0 disables the cache.
   int64_t cache_capacity = 1024;
   std::string timeline_path;  // Chrome-trace output; empty disables

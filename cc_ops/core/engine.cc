@@ -7,6 +7,7 @@
 #include "collective_executor.h"
 #include "coordinator.h"
 #include "logging.h"
+#include "mpi_point_to_point.h"
 #include "mpi_transport.h"
 #include "response_cache.h"
 
@@ -38,6 +39,14 @@ Status Engine::Init() {
   std::unique_ptr<MpiTransport> mpi;
   SMDIST_RETURN_IF_ERROR(MpiTransport::Create(config_, &mpi));
   transport_ = std::move(mpi);
+  if (mpi_threads_multiple_) {
+    // Its own communicator and thread: created here because duplicating
+    // COMM_WORLD is collective and Init runs on every rank.
+    std::unique_ptr<MpiPointToPoint> p2p;
+    SMDIST_RETURN_IF_ERROR(MpiPointToPoint::Create(config_.stall_check_seconds,
+                                                   config_.stall_shutdown_seconds, &p2p));
+    p2p_ = std::move(p2p);
+  }
   SetLogRank(transport_->topology().rank);
   queue_ = std::make_unique<TensorQueue>();
   shutdown_requested_ = false;
@@ -83,6 +92,7 @@ void Engine::ReleaseLocked() {
   queue_->Wake();
   if (thread_.joinable()) thread_.join();
   initialized_ = false;
+  p2p_.reset();
   queue_.reset();
   transport_.reset();
 }
@@ -90,6 +100,11 @@ void Engine::ReleaseLocked() {
 void Engine::Finalize() {
   Shutdown();
   FinalizeMpiIfOwned();
+}
+
+std::string Engine::intra_host_allreduce() const {
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  return transport_ ? transport_->intra_host_allreduce() : std::string();
 }
 
 Topology Engine::topology() const {
@@ -112,6 +127,30 @@ Status Engine::Enqueue(std::vector<TensorEntry> entries) {
   return queue_->Add(std::move(entries), transport_->topology().rank);
 }
 
+Status Engine::Send(SendMessage message) {
+  std::lock_guard<std::mutex> state(state_mu_);
+  if (!initialized_) {
+    return Status::PreconditionFailed("smdist_tf has not been initialized: call smdist_tf.init() first");
+  }
+  if (!p2p_) {
+    return Status::PreconditionFailed(
+        "point-to-point send/recv needs an MPI library with MPI_THREAD_MULTIPLE");
+  }
+  return p2p_->Send(std::move(message));
+}
+
+Status Engine::Recv(RecvMessage message) {
+  std::lock_guard<std::mutex> state(state_mu_);
+  if (!initialized_) {
+    return Status::PreconditionFailed("smdist_tf has not been initialized: call smdist_tf.init() first");
+  }
+  if (!p2p_) {
+    return Status::PreconditionFailed(
+        "point-to-point send/recv needs an MPI library with MPI_THREAD_MULTIPLE");
+  }
+  return p2p_->Recv(std::move(message));
+}
+
 void Engine::Stop(const std::string& reason) {
   {
     std::lock_guard<std::mutex> state(state_mu_);
@@ -119,6 +158,7 @@ void Engine::Stop(const std::string& reason) {
     stop_reason_ = reason;
   }
   const Status aborted = Status::Aborted(reason);
+  if (p2p_) p2p_->Abort(aborted);
   for (TensorEntry& e : queue_->TakeAll()) {
     if (e.done) e.done(aborted);
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "config.h"
+#include "point_to_point.h"
 #include "status.h"
 #include "tensor_entry.h"
 #include "tensor_queue.h"
@@ -35,6 +36,7 @@ class Engine {
 
   bool initialized() const { return initialized_.load(); }
   Topology topology() const;
+  std::string intra_host_allreduce() const;
   bool mpi_threads_supported() const { return mpi_threads_multiple_; }
   EngineConfig config() const;
 
@@ -45,6 +47,11 @@ class Engine {
   // Queues entries submitted together (they are negotiated in the same
   // cycle, so a group fuses). On error nothing is queued and no done runs.
   Status Enqueue(std::vector<TensorEntry> entries);
+
+  // Point-to-point messages (pipeline parallelism). They bypass negotiation:
+  // both ends name each other, and a send never waits for its receiver.
+  Status Send(SendMessage message);
+  Status Recv(RecvMessage message);
 
  private:
   Engine() = default;
@@ -75,6 +82,7 @@ class Engine {
   EngineConfig config_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<TensorQueue> queue_;
+  std::unique_ptr<PointToPointChannel> p2p_;  // null without MPI_THREAD_MULTIPLE
   std::thread thread_;
   Timeline timeline_;
 };

@@ -186,13 +186,17 @@ Status MpiTransport::Create(const EngineConfig& config, std::unique_ptr<MpiTrans
     SMDIST_RETURN_IF_ERROR(SharedMemoryAllreduce::Create(
         t->local_, t->hierarchical_ ? t->cross_ : MPI_COMM_NULL, config.shm_segment_bytes, &t->shm_));
   }
+  if (topo.local_size > 1 && !multi_host && config.cross_memory_attach) {
+    SMDIST_RETURN_IF_ERROR(CrossMemoryAllreduce::Create(t->local_, &t->cma_));
+  }
   t->shm_min_bytes_ = config.shm_min_bytes;
   *out = std::move(t);
   return Status::OK();
 }
 
 MpiTransport::~MpiTransport() {
-  shm_.reset();  // frees its window before the communicators go
+  cma_.reset();  // both free their windows before the communicators go
+  shm_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
@@ -248,6 +252,9 @@ Status MpiTransport::AllreduceBits(std::vector<uint64_t>* words, bool bitwise_an
 Status MpiTransport::Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                                ReduceOp op) {
   const size_t elem = DataTypeSize(dtype);
+  if (CanAllreduceSpans(count * static_cast<int64_t>(elem), 1)) {
+    return cma_->Run({TensorSpan{input, output, count}}, dtype, op, 1.0);
+  }
   if (shm_ && count * static_cast<int64_t>(elem) >= shm_min_bytes_) {
     return shm_->Run(input, output, count, dtype, op);
   }
@@ -260,6 +267,16 @@ Status MpiTransport::Allreduce(const void* input, void* output, int64_t count, D
     if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce");
   }
   return Status::OK();
+}
+
+bool MpiTransport::CanAllreduceSpans(int64_t total_bytes, size_t num_spans) const {
+  return cma_ != nullptr && total_bytes >= shm_min_bytes_ && total_bytes > 0 &&
+         static_cast<int64_t>(num_spans) <= CrossMemoryAllreduce::kMaxSpans;
+}
+
+Status MpiTransport::AllreduceSpans(const std::vector<TensorSpan>& spans, DataType dtype,
+                                    ReduceOp op, double postscale) {
+  return cma_->Run(spans, dtype, op, postscale);
 }
 
 Status MpiTransport::Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,

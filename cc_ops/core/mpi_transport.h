@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "config.h"
+#include "cross_memory_allreduce.h"
 #include "shared_memory_allreduce.h"
 #include "transport.h"
 
@@ -27,6 +28,9 @@ class MpiTransport : public Transport {
 
   const Topology& topology() const override { return topology_; }
   std::string name() const override { return "mpi"; }
+  std::string intra_host_allreduce() const override {
+    return cma_ ? "cross_memory_attach" : shm_ ? "shared_memory" : "mpi";
+  }
 
   Status GatherToRoot(const std::vector<uint8_t>& mine,
                       std::vector<std::vector<uint8_t>>* gathered) override;
@@ -35,7 +39,12 @@ class MpiTransport : public Transport {
 
   Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                    ReduceOp op) override;
+  bool CanAllreduceSpans(int64_t total_bytes, size_t num_spans) const override;
+  Status AllreduceSpans(const std::vector<TensorSpan>& spans, DataType dtype, ReduceOp op,
+                        double postscale) override;
   bool hierarchical() const { return hierarchical_; }
+  // True when single-host allreduces read peers' memory directly.
+  bool cross_memory_attach() const { return cma_ != nullptr; }
   Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
                     DataType dtype) override;
   Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) override;
@@ -51,6 +60,7 @@ class MpiTransport : public Transport {
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Comm cross_ = MPI_COMM_NULL;
   std::unique_ptr<SharedMemoryAllreduce> shm_;
+  std::unique_ptr<CrossMemoryAllreduce> cma_;
   int64_t shm_min_bytes_ = 0;
   bool hierarchical_ = false;
 };

@@ -22,12 +22,21 @@ struct Topology {
   bool is_homogeneous = true;
 };
 
+// One tensor of a fused allreduce, reduced where it lies (input may equal output).
+struct TensorSpan {
+  const void* input;
+  void* output;
+  int64_t count;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
 
   virtual const Topology& topology() const = 0;
   virtual std::string name() const = 0;
+  // How large allreduces travel between ranks of one host (for introspection).
+  virtual std::string intra_host_allreduce() const { return name(); }
 
   // Control plane (coordinator is rank 0).
   // Rank 0 receives every rank's bytes in `gathered` (indexed by rank).
@@ -44,6 +53,14 @@ class Transport {
   // `input` may equal `output` (in place).
   virtual Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                            ReduceOp op) = 0;
+  // Fused allreduce without a fusion buffer, for transports that can read the
+  // tensors in place. Result multiplied by `postscale`. Only called when
+  // CanAllreduceSpans() said yes for this size and number of tensors.
+  virtual bool CanAllreduceSpans(int64_t total_bytes, size_t num_spans) const { return false; }
+  virtual Status AllreduceSpans(const std::vector<TensorSpan>& spans, DataType dtype, ReduceOp op,
+                                double postscale) {
+    return Status::Unknown("this transport cannot reduce tensors in place");
+  }
   // Concatenates every rank's `send` into `recv` in rank order.
   virtual Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
                             DataType dtype) = 0;

@@ -76,8 +76,11 @@ PYBIND11_MODULE(_runtime, m) {
     d["hierarchical_allreduce"] = c.hierarchical_allreduce;
     d["shm_segment_bytes"] = c.shm_segment_bytes;
     d["shm_min_bytes"] = c.shm_min_bytes;
+    d["cross_memory_attach"] = c.cross_memory_attach;
     d["cache_capacity"] = c.cache_capacity;
     d["timeline"] = c.timeline_path;
+    // What the transport actually chose (the settings above are only wishes).
+    d["intra_host_allreduce"] = smdist::Engine::Instance().intra_host_allreduce();
     return d;
   });
 }

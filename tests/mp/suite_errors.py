@@ -262,8 +262,9 @@ class SharedMemoryPathTest(tf.test.TestCase):
         self._check_all([70001, 300001])
 
     def test_tiny_segments_many_chunks_and_shard_edges(self):
-        restart_engine(SMDIST_SHM_SEGMENT_BYTES="4096", SMDIST_SHM_MIN_BYTES="0")
+        restart_engine(SMDIST_SHM_SEGMENT_BYTES="4096", SMDIST_SHM_MIN_BYTES="0", SMDIST_CROSS_MEMORY_ATTACH="0")
         try:
+            self.assertEqual(sd.engine_config()["intra_host_allreduce"], "shared_memory")
             self._check_all([1, 3, 17, 1000, 4099])
             big = np.full([50000], 2.0, np.float16)
             big[7] = np.inf
@@ -277,7 +278,70 @@ class SharedMemoryPathTest(tf.test.TestCase):
             out = sd.allreduce(tf.constant(vals), op=sd.Sum, name="shm.accumulate").numpy()
             self.assertAllEqual(out, np.full([8192], np.float16(2048.0 + (SIZE - 1))))
         finally:
-            restart_engine(SMDIST_SHM_SEGMENT_BYTES="", SMDIST_SHM_MIN_BYTES="")
+            restart_engine(SMDIST_SHM_SEGMENT_BYTES="", SMDIST_SHM_MIN_BYTES="", SMDIST_CROSS_MEMORY_ATTACH="")
+
+
+class CrossMemoryPathTest(tf.test.TestCase):
+    """Single-host allreduces that read peers' tensors in place (process_vm_readv), fused without a buffer."""
+
+    def setUp(self):
+        super().setUp()
+        restart_engine(SMDIST_SHM_MIN_BYTES="0")
+        if sd.engine_config()["intra_host_allreduce"] != "cross_memory_attach":
+            self.skipTest("this OS does not let ranks read each other's memory (ptrace restrictions)")
+
+    def tearDown(self):
+        restart_engine(SMDIST_SHM_MIN_BYTES="")
+        super().tearDown()
+
+    def test_every_dtype_op_and_shard_edge(self):
+        SharedMemoryPathTest._check_all(self, [1, 3, 17, 1000, 70001])
+
+    def test_fused_spans_with_empty_tensors_and_scaling(self):
+        from tests.mp.collective_expectations import all_rank_values, expected_reduction, tolerance
+
+        shapes = [(0,), (5,), (1,), (70001,), (0, 3), (33, 2), (1,)]
+        for dtype in [tf.float32, tf.float16, tf.bfloat16, tf.int32]:
+            for op, pre, post in [(sd.Sum, 1.0, 1.0), (sd.Average, 1.0, 1.0), (sd.Sum, 1.0, 0.5), (sd.Average, 2.0, 3.0), (sd.Max, 1.0, 1.0)]:
+                with self.subTest(dtype=dtype.name, op=op, pre=pre, post=post):
+                    values = [all_rank_values(shape, dtype, op, seed=i) for i, shape in enumerate(shapes)]
+                    outs = sd.grouped_allreduce([tf.constant(v[RANK], dtype) for v in values], op=op,
+                                                prescale_factor=pre, postscale_factor=post,
+                                                name=f"cma.{dtype.name}.{op}.{pre}.{post}")
+                    for out, v in zip(outs, values):
+                        self.assertEqual(out.shape, v[RANK].shape)
+                        self.assertAllClose(tf.cast(out, tf.float64), expected_reduction(v, op, dtype, pre, post), **tolerance(dtype))
+
+    def test_results_bit_identical_on_all_ranks(self):
+        x = tf.random.stateless_normal([300001], seed=[RANK, 1])
+        for dtype in [tf.float32, tf.float16, tf.bfloat16]:
+            out = sd.allreduce(tf.cast(x, dtype), op=sd.Average, name=f"cma.bits.{dtype.name}")
+            bits = tf.bitcast(out, tf.int32) if dtype == tf.float32 else tf.cast(tf.bitcast(out, tf.uint16), tf.int32)
+            gathered = sd.allgather(tf.expand_dims(bits, 0)).numpy()
+            self.assertTrue((gathered == gathered[0]).all(), dtype.name)
+
+    def test_in_place_inside_tf_function(self):
+        # Inside a graph the input is forwarded to the output: peers then read a buffer
+        # this rank is overwriting, which the shard order must keep safe.
+        @tf.function
+        def step(seed):
+            grads = [tf.fill([n], tf.cast(seed, tf.float32)) * 1.0 for n in (100003, 7, 65536)]
+            return sd.grouped_allreduce(grads, op=sd.Sum, name="cma.inplace")
+
+        for _ in range(3):
+            outs = step(tf.constant(RANK + 1))
+            total = SIZE * (SIZE + 1) / 2
+            for out in outs:
+                self.assertAllEqual(out, np.full(out.shape, total, np.float32))
+
+    def test_nan_and_inf_propagate(self):
+        big = np.full([50000], 2.0, np.float16)
+        big[7] = np.inf
+        big[40000] = np.nan
+        out = sd.allreduce(tf.constant(big), op=sd.Sum, name="cma.nan").numpy()
+        self.assertEqual(out[7], np.inf)
+        self.assertTrue(np.isnan(out[40000]))
+        self.assertEqual(out[0], 2.0 * SIZE)
 
 
 if __name__ == "__main__":

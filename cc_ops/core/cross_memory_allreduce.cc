@@ -1,0 +1,193 @@
+#include "cross_memory_allreduce.h"
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "mpi_types.h"
+#include "reduction.h"
+
+namespace smdist {
+namespace {
+// Shards start on cache-line boundaries so neighbours never share a line.
+constexpr int64_t kAlignBytes = 64;
+// Peers' data is pulled in chunks that stay in L2 while they are reduced.
+constexpr int64_t kChunkBytes = 256 * 1024;
+
+void ShardRange(int64_t count, size_t elem, int parts, int index, int64_t* begin, int64_t* end) {
+  const int64_t align = std::max<int64_t>(1, kAlignBytes / static_cast<int64_t>(elem));
+  int64_t per = (count + parts - 1) / parts;
+  per = (per + align - 1) / align * align;
+  *begin = std::min(count, per * index);
+  *end = std::min(count, *begin + per);
+}
+}  // namespace
+
+Status CrossMemoryAllreduce::Create(MPI_Comm local, std::unique_ptr<CrossMemoryAllreduce>* out) {
+  auto c = std::make_unique<CrossMemoryAllreduce>();
+  c->local_ = local;
+  MPI_Comm_rank(local, &c->local_rank_);
+  MPI_Comm_size(local, &c->local_size_);
+  void* base = nullptr;
+  int rc = MPI_Win_allocate_shared(sizeof(Slot), 1, MPI_INFO_NULL, local, &base, &c->window_);
+  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Win_allocate_shared(control)");
+  c->slots_.resize(c->local_size_);
+  for (int r = 0; r < c->local_size_; ++r) {
+    MPI_Aint size = 0;
+    int disp = 0;
+    void* ptr = nullptr;
+    rc = MPI_Win_shared_query(c->window_, r, &size, &disp, &ptr);
+    if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Win_shared_query(control)");
+    c->slots_[r] = static_cast<Slot*>(ptr);
+  }
+  MPI_Win_lock_all(MPI_MODE_NOCHECK, c->window_);
+
+  // Prove every peer's memory is readable before anyone relies on it.
+  Slot* mine = c->slots_[c->local_rank_];
+  mine->pid = static_cast<int64_t>(getpid());
+  c->probe_ = 0x5eedf00dULL ^ (static_cast<uint64_t>(getpid()) << 20) ^ c->local_rank_;
+  mine->probe_address = reinterpret_cast<uint64_t>(&c->probe_);
+  mine->probe_value = c->probe_;
+  SMDIST_RETURN_IF_ERROR(c->LocalBarrier());
+  int readable = 1;
+  for (int r = 0; r < c->local_size_; ++r) {
+    if (r == c->local_rank_) continue;
+    uint64_t seen = 0;
+    const Status s = c->ReadPeer(r, &seen, c->slots_[r]->probe_address, sizeof(seen));
+    if (!s.ok() || seen != c->slots_[r]->probe_value) readable = 0;
+  }
+  int everyone = 0;
+  rc = MPI_Allreduce(&readable, &everyone, 1, MPI_INT, MPI_MIN, local);
+  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce(cross-memory probe)");
+  if (everyone) *out = std::move(c);  // otherwise the destructor frees the window on every rank
+  return Status::OK();
+}
+
+CrossMemoryAllreduce::~CrossMemoryAllreduce() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || window_ == MPI_WIN_NULL) return;
+  MPI_Win_unlock_all(window_);
+  MPI_Win_free(&window_);
+}
+
+Status CrossMemoryAllreduce::LocalBarrier() {
+  MPI_Win_sync(window_);
+  int rc = MPI_Barrier(local_);
+  MPI_Win_sync(window_);
+  return MpiError(rc, "MPI_Barrier(local)");
+}
+
+Status CrossMemoryAllreduce::ReadPeer(int peer, void* local, uint64_t remote, int64_t bytes) const {
+  auto* dst = static_cast<uint8_t*>(local);
+  while (bytes > 0) {
+    iovec here{dst, static_cast<size_t>(bytes)};
+    iovec there{reinterpret_cast<void*>(remote), static_cast<size_t>(bytes)};
+    const ssize_t n = process_vm_readv(static_cast<pid_t>(slots_[peer]->pid), &here, 1, &there, 1, 0);
+    if (n <= 0) {
+      return Status::Unknown("process_vm_readv from local rank " + std::to_string(peer) +
+                             " failed: " + std::strerror(errno));
+    }
+    dst += n;
+    remote += static_cast<uint64_t>(n);
+    bytes -= n;
+  }
+  return Status::OK();
+}
+
+void CrossMemoryAllreduce::PiecesOf(const std::vector<int64_t>& starts, int64_t begin, int64_t end,
+                                    std::vector<Piece>* pieces) const {
+  pieces->clear();
+  // First span whose range ends after `begin`.
+  auto it = std::upper_bound(starts.begin(), starts.end(), begin);
+  for (int64_t s = (it - starts.begin()) - 1; s + 1 < static_cast<int64_t>(starts.size()) && begin < end; ++s) {
+    const int64_t lo = std::max(begin, starts[s]) - starts[s];
+    const int64_t hi = std::min(end, starts[s + 1]) - starts[s];
+    if (hi > lo) pieces->push_back({s, lo, hi});
+    begin = starts[s + 1];
+  }
+}
+
+Status CrossMemoryAllreduce::ReduceMyShard(const std::vector<TensorSpan>& spans,
+                                           const std::vector<Piece>& pieces, DataType dtype,
+                                           ReduceOp op, double postscale) {
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / elem);
+  scratch_.resize(static_cast<size_t>(chunk * elem) * std::max(1, local_size_ - 1));
+  std::vector<const void*> sources(local_size_);
+  for (const Piece& p : pieces) {
+    const auto* in = static_cast<const uint8_t*>(spans[p.span].input);
+    auto* out = static_cast<uint8_t*>(spans[p.span].output);
+    for (int64_t at = p.begin; at < p.end; at += chunk) {
+      const int64_t n = std::min(chunk, p.end - at);
+      sources[0] = in + at * elem;
+      int k = 0;
+      for (int r = 0; r < local_size_; ++r) {
+        if (r == local_rank_) continue;
+        uint8_t* into = scratch_.data() + static_cast<size_t>(k) * chunk * elem;
+        SMDIST_RETURN_IF_ERROR(
+            ReadPeer(r, into, slots_[r]->addresses[2 * p.span] + at * elem, n * elem));
+        sources[++k] = into;
+      }
+      ReduceMany(dtype, op, sources.data(), local_size_, out + at * elem, n);
+      ScaleInPlace(dtype, out + at * elem, n, postscale);
+    }
+  }
+  return Status::OK();
+}
+
+Status CrossMemoryAllreduce::GatherPeerShard(int peer, const std::vector<TensorSpan>& spans,
+                                             const std::vector<Piece>& pieces, size_t elem) const {
+  for (const Piece& p : pieces) {
+    auto* out = static_cast<uint8_t*>(spans[p.span].output) + p.begin * elem;
+    SMDIST_RETURN_IF_ERROR(ReadPeer(peer, out, slots_[peer]->addresses[2 * p.span + 1] + p.begin * elem,
+                                    (p.end - p.begin) * static_cast<int64_t>(elem)));
+  }
+  return Status::OK();
+}
+
+Status CrossMemoryAllreduce::Run(const std::vector<TensorSpan>& spans, DataType dtype, ReduceOp op,
+                                 double postscale) {
+  const size_t elem = DataTypeSize(dtype);
+  std::vector<int64_t> starts(spans.size() + 1, 0);
+  for (size_t s = 0; s < spans.size(); ++s) starts[s + 1] = starts[s] + spans[s].count;
+  const int64_t total = starts.back();
+
+  Slot* mine = slots_[local_rank_];
+  mine->num_spans = static_cast<int64_t>(spans.size());
+  for (size_t s = 0; s < spans.size(); ++s) {
+    mine->addresses[2 * s] = reinterpret_cast<uint64_t>(spans[s].input);
+    mine->addresses[2 * s + 1] = reinterpret_cast<uint64_t>(spans[s].output);
+  }
+  SMDIST_RETURN_IF_ERROR(LocalBarrier());
+
+  // A failed read must not strand the peers inside a barrier: finish the
+  // protocol, then fail on every rank together.
+  std::vector<Piece> pieces;
+  int64_t begin = 0, end = 0;
+  ShardRange(total, elem, local_size_, local_rank_, &begin, &end);
+  PiecesOf(starts, begin, end, &pieces);
+  Status failure = ReduceMyShard(spans, pieces, dtype, op, postscale);
+  SMDIST_RETURN_IF_ERROR(LocalBarrier());
+
+  for (int r = 0; r < local_size_ && failure.ok(); ++r) {
+    if (r == local_rank_) continue;
+    ShardRange(total, elem, local_size_, r, &begin, &end);
+    PiecesOf(starts, begin, end, &pieces);
+    failure = GatherPeerShard(r, spans, pieces, elem);
+  }
+  // Doubles as the final barrier: nobody returns (and lets TF free its
+  // tensors) while a peer may still be reading them.
+  int failed = failure.ok() ? 0 : 1, any_failed = 0;
+  int rc = MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, local_);
+  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce(cross-memory status)");
+  if (!failure.ok()) return failure;
+  if (any_failed) return Status::Unknown("a peer on this host failed to read shared tensors");
+  return Status::OK();
+}
+
+}  // namespace smdist

@@ -1,0 +1,78 @@
+// Allreduce among the ranks of one host by cross-memory attach (Linux
+// process_vm_readv): each rank reads its shard of every peer's tensors
+// straight out of the peer's address space, reduces it into its own output,
+// then reads the other shards out of the peers' outputs. Every byte crosses
+// memory once, instead of being staged in and out of a shared segment, and
+// fused tensors are read where they lie, so no fusion-buffer copies either.
+// Ranks publish their tensor addresses in a small shared control window.
+#pragma once
+
+#include <mpi.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "status.h"
+#include "transport.h"
+#include "types.h"
+
+namespace smdist {
+
+class CrossMemoryAllreduce {
+ public:
+  // Most tensors one call can take (bounded by the control window's size).
+  static constexpr int64_t kMaxSpans = 4096;
+
+  // Collective over `local`. Leaves `*out` empty (and returns OK) when some
+  // rank of the host cannot read its peers' memory (ptrace restrictions,
+  // separate PID namespaces), so every rank falls back together.
+  static Status Create(MPI_Comm local, std::unique_ptr<CrossMemoryAllreduce>* out);
+  CrossMemoryAllreduce() = default;  // use Create()
+  ~CrossMemoryAllreduce();
+  CrossMemoryAllreduce(const CrossMemoryAllreduce&) = delete;
+  CrossMemoryAllreduce& operator=(const CrossMemoryAllreduce&) = delete;
+
+  // Reduces every span's input across the host's ranks into its output, then
+  // multiplies by `postscale`. Every rank passes spans of the same counts in
+  // the same order. `op` is Sum, Min, Max or Product.
+  Status Run(const std::vector<TensorSpan>& spans, DataType dtype, ReduceOp op, double postscale);
+
+ private:
+  // One per rank in the control window.
+  struct Slot {
+    int64_t pid;
+    uint64_t probe_address;  // a word peers read once at start-up to prove access
+    uint64_t probe_value;
+    int64_t num_spans;
+    uint64_t addresses[2 * kMaxSpans];  // input, output of each span
+  };
+  // A contiguous run of elements [begin, end) inside span `span`.
+  struct Piece {
+    int64_t span;
+    int64_t begin;
+    int64_t end;
+  };
+
+  Status LocalBarrier();
+  // Reads `bytes` at `remote` in rank `peer`'s memory into `local`.
+  Status ReadPeer(int peer, void* local, uint64_t remote, int64_t bytes) const;
+  // Splits global elements [begin, end) of the concatenated spans into per-span pieces.
+  void PiecesOf(const std::vector<int64_t>& starts, int64_t begin, int64_t end,
+                std::vector<Piece>* pieces) const;
+  Status ReduceMyShard(const std::vector<TensorSpan>& spans, const std::vector<Piece>& pieces,
+                       DataType dtype, ReduceOp op, double postscale);
+  Status GatherPeerShard(int peer, const std::vector<TensorSpan>& spans,
+                         const std::vector<Piece>& pieces, size_t elem) const;
+
+  MPI_Comm local_ = MPI_COMM_NULL;
+  MPI_Win window_ = MPI_WIN_NULL;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  std::vector<Slot*> slots_;          // every local rank's slot, mapped here
+  std::vector<uint8_t> scratch_;      // one chunk per peer during the reduction
+  uint64_t probe_ = 0;
+};
+
+}  // namespace smdist
