@@ -10,21 +10,12 @@
 
 #include "mpi_types.h"
 #include "reduction.h"
+#include "shard_range.h"
 
 namespace smdist {
 namespace {
-// Shards start on cache-line boundaries so neighbours never share a line.
-constexpr int64_t kAlignBytes = 64;
 // Peers' data is pulled in chunks that stay in L2 while they are reduced.
 constexpr int64_t kChunkBytes = 256 * 1024;
-
-void ShardRange(int64_t count, size_t elem, int parts, int index, int64_t* begin, int64_t* end) {
-  const int64_t align = std::max<int64_t>(1, kAlignBytes / static_cast<int64_t>(elem));
-  int64_t per = (count + parts - 1) / parts;
-  per = (per + align - 1) / align * align;
-  *begin = std::min(count, per * index);
-  *end = std::min(count, *begin + per);
-}
 }  // namespace
 
 Status CrossMemoryAllreduce::Create(MPI_Comm local, std::unique_ptr<CrossMemoryAllreduce>* out) {

@@ -127,8 +127,7 @@ Status Engine::Enqueue(std::vector<TensorEntry> entries) {
   return queue_->Add(std::move(entries), transport_->topology().rank);
 }
 
-Status Engine::Send(SendMessage message) {
-  std::lock_guard<std::mutex> state(state_mu_);
+Status Engine::PointToPointReadyLocked() const {
   if (!initialized_) {
     return Status::PreconditionFailed("smdist_tf has not been initialized: call smdist_tf.init() first");
   }
@@ -136,18 +135,18 @@ Status Engine::Send(SendMessage message) {
     return Status::PreconditionFailed(
         "point-to-point send/recv needs an MPI library with MPI_THREAD_MULTIPLE");
   }
+  return Status::OK();
+}
+
+Status Engine::Send(SendMessage message) {
+  std::lock_guard<std::mutex> state(state_mu_);
+  SMDIST_RETURN_IF_ERROR(PointToPointReadyLocked());
   return p2p_->Send(std::move(message));
 }
 
 Status Engine::Recv(RecvMessage message) {
   std::lock_guard<std::mutex> state(state_mu_);
-  if (!initialized_) {
-    return Status::PreconditionFailed("smdist_tf has not been initialized: call smdist_tf.init() first");
-  }
-  if (!p2p_) {
-    return Status::PreconditionFailed(
-        "point-to-point send/recv needs an MPI library with MPI_THREAD_MULTIPLE");
-  }
+  SMDIST_RETURN_IF_ERROR(PointToPointReadyLocked());
   return p2p_->Recv(std::move(message));
 }
 

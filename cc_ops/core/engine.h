@@ -54,6 +54,8 @@ class Engine {
   Status Recv(RecvMessage message);
 
  private:
+  // Why a send/recv cannot be taken now, or OK; state_mu_ held.
+  Status PointToPointReadyLocked() const;
   Engine() = default;
   // Stops the thread and frees the transport; lifecycle_mu_ held.
   void ReleaseLocked();

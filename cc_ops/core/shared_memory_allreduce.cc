@@ -5,21 +5,12 @@
 
 #include "mpi_types.h"
 #include "reduction.h"
+#include "shard_range.h"
 
 namespace smdist {
 namespace {
-// Shards start on cache-line boundaries so neighbours never share a line.
+// The segment is a whole number of cache lines.
 constexpr int64_t kAlignBytes = 64;
-
-// [begin, end) in elements of shard `index` when `count` elements are split
-// `parts` ways in aligned blocks.
-void ShardRange(int64_t count, size_t elem, int parts, int index, int64_t* begin, int64_t* end) {
-  const int64_t align = std::max<int64_t>(1, kAlignBytes / static_cast<int64_t>(elem));
-  int64_t per = (count + parts - 1) / parts;
-  per = (per + align - 1) / align * align;
-  *begin = std::min(count, per * index);
-  *end = std::min(count, *begin + per);
-}
 }  // namespace
 
 Status SharedMemoryAllreduce::Create(MPI_Comm local, MPI_Comm cross, int64_t segment_bytes,
