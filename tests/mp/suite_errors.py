@@ -257,6 +257,15 @@ class SharedMemoryPathTest(tf.test.TestCase):
                         out = sd.allreduce(tf.constant(values[RANK], dtype), op=op, name=f"shm.{dtype.name}.{op}.{count}")
                         self.assertAllClose(tf.cast(out, tf.float64), expected_reduction(values, op, dtype), **tolerance(dtype))
 
+    def _check_nan_and_inf_propagate(self, name):
+        big = np.full([50000], 2.0, np.float16)
+        big[7] = np.inf
+        big[40000] = np.nan
+        out = sd.allreduce(tf.constant(big), op=sd.Sum, name=name).numpy()
+        self.assertEqual(out[7], np.inf)
+        self.assertTrue(np.isnan(out[40000]))
+        self.assertEqual(out[0], 2.0 * SIZE)
+
     def test_default_threshold_large_tensors(self):
         self.assertGreater(sd.engine_config()["shm_segment_bytes"], 0)
         self._check_all([70001, 300001])
@@ -266,13 +275,7 @@ class SharedMemoryPathTest(tf.test.TestCase):
         try:
             self.assertEqual(sd.engine_config()["intra_host_allreduce"], "shared_memory")
             self._check_all([1, 3, 17, 1000, 4099])
-            big = np.full([50000], 2.0, np.float16)
-            big[7] = np.inf
-            big[40000] = np.nan
-            out = sd.allreduce(tf.constant(big), op=sd.Sum, name="shm.nan").numpy()
-            self.assertEqual(out[7], np.inf)
-            self.assertTrue(np.isnan(out[40000]))
-            self.assertEqual(out[0], 2.0 * SIZE)
+            self._check_nan_and_inf_propagate("shm.nan")
             # fp16 sums accumulate in float32: 2049 + 1 + ... does not stall at 2048.
             vals = np.full([8192], 2048.0 if RANK == 0 else 1.0, np.float16)
             out = sd.allreduce(tf.constant(vals), op=sd.Sum, name="shm.accumulate").numpy()
@@ -335,13 +338,7 @@ class CrossMemoryPathTest(tf.test.TestCase):
                 self.assertAllEqual(out, np.full(out.shape, total, np.float32))
 
     def test_nan_and_inf_propagate(self):
-        big = np.full([50000], 2.0, np.float16)
-        big[7] = np.inf
-        big[40000] = np.nan
-        out = sd.allreduce(tf.constant(big), op=sd.Sum, name="cma.nan").numpy()
-        self.assertEqual(out[7], np.inf)
-        self.assertTrue(np.isnan(out[40000]))
-        self.assertEqual(out[0], 2.0 * SIZE)
+        SharedMemoryPathTest._check_nan_and_inf_propagate(self, "cma.nan")
 
 
 if __name__ == "__main__":
