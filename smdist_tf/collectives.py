@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from smdist_tf import reduce_ops
 from smdist_tf._native import op_module as _ops
-from smdist_tf.compression import Compression, Compressor
+from smdist_tf.compression import BF16Compressor, Compression, Compressor, FP16Compressor, NoneCompressor
 from smdist_tf.reduce_ops import Average, Max, Min, Product, Sum
 from smdist_tf.runtime import rank, require_initialized, size
 
@@ -24,6 +24,11 @@ TensorLike = Union[tf.Tensor, tf.Variable, tf.IndexedSlices, Any]
 
 _REDUCIBLE = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64)
 _MOVABLE = _REDUCIBLE + (tf.bool,)
+_REDUCIBLE_SET = frozenset(_REDUCIBLE)
+_MOVABLE_SET = frozenset(_MOVABLE)
+# The built-in compressors run inside the engine (narrowed while packing the
+# fusion buffer, widened while unpacking); other Compressor classes run in TF.
+_ENGINE_COMPRESSION = {NoneCompressor: "none", FP16Compressor: "fp16", BF16Compressor: "bf16"}
 _eager_counters: collections.Counter = collections.Counter()
 
 
@@ -38,8 +43,14 @@ def _collective_name(kind: str, name: Optional[str]) -> str:
     return ""  # the kernel falls back to its node name, unique in the graph
 
 
+def _as_tensor(value: Any) -> tf.Tensor:
+    # Skips convert_to_tensor's dispatch for what is already a tensor (eager hot path).
+    return value if isinstance(value, tf.Tensor) else tf.convert_to_tensor(value)
+
+
 def _check_dtype(tensor: tf.Tensor, allowed: Sequence[tf.DType], what: str) -> None:
-    if tensor.dtype not in allowed:
+    allowed_set = _REDUCIBLE_SET if allowed is _REDUCIBLE else _MOVABLE_SET if allowed is _MOVABLE else frozenset(allowed)
+    if tensor.dtype not in allowed_set:
         names = ", ".join(d.name for d in allowed)
         raise TypeError(f"{what} does not support dtype {tensor.dtype.name}; supported: {names}")
 
@@ -53,10 +64,14 @@ def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
     return reduce_ops.validate(Average if op is None else op)
 
 
-def _allreduce_dense(tensors: list, op: int, prescale: float, postscale: float, name: Optional[str]) -> list:
-    """One engine request for all ``tensors`` (negotiated together, fused)."""
+def _allreduce_dense(tensors: list, op: int, prescale: float, postscale: float, name: Optional[str],
+                     compression: str = "none") -> list:
+    """One engine request for all ``tensors`` (negotiated together, fused).
+
+    ``compression`` ('none', 'fp16', 'bf16') is the type floating-point tensors travel as.
+    """
     require_initialized()
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    tensors = [_as_tensor(t) for t in tensors]
     for t in tensors:
         _check_dtype(t, _REDUCIBLE, "allreduce")
     if not tensors:
@@ -68,6 +83,9 @@ def _allreduce_dense(tensors: list, op: int, prescale: float, postscale: float, 
             prescale_factor=prescale,
             postscale_factor=postscale,
             tensor_name=_collective_name("allreduce", name),
+            # Eager callers only wait for the result, so they may run the engine cycle themselves.
+            run_inline=tf.executing_eagerly(),
+            compression=compression,
         )
     )
 
@@ -120,7 +138,12 @@ def allreduce(
     op = _resolve_op(average, op)
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_sparse(tensor, op, prescale_factor, postscale_factor, name)
-    wire, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    tensor = _as_tensor(tensor)
+    engine_compression = _ENGINE_COMPRESSION.get(compression)
+    if engine_compression is not None:
+        (reduced,) = _allreduce_dense([tensor], op, prescale_factor, postscale_factor, name, engine_compression)
+        return reduced
+    wire, ctx = compression.compress(tensor)
     (reduced,) = _allreduce_dense([wire], op, prescale_factor, postscale_factor, name)
     return compression.decompress(reduced, ctx)
 
@@ -145,19 +168,21 @@ def grouped_allreduce(
     op = _resolve_op(average, op)
     tensors = list(tensors)
     results: list = [None] * len(tensors)
+    engine_compression = _ENGINE_COMPRESSION.get(compression)
     dense_positions, wires, contexts = [], [], []
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):
             sparse_name = f"{name}.sparse{i}" if name else None
             results[i] = _allreduce_sparse(t, op, prescale_factor, postscale_factor, sparse_name)
             continue
-        wire, ctx = compression.compress(tf.convert_to_tensor(t))
+        t = _as_tensor(t)
+        wire, ctx = (t, None) if engine_compression is not None else compression.compress(t)
         dense_positions.append(i)
         wires.append(wire)
         contexts.append(ctx)
-    reduced = _allreduce_dense(wires, op, prescale_factor, postscale_factor, name)
+    reduced = _allreduce_dense(wires, op, prescale_factor, postscale_factor, name, engine_compression or "none")
     for i, r, ctx in zip(dense_positions, reduced, contexts):
-        results[i] = compression.decompress(r, ctx)
+        results[i] = r if engine_compression is not None else compression.decompress(r, ctx)
     return results
 
 
@@ -289,8 +314,8 @@ def _allreduce_grad(op, *grads):
     post = op.get_attr("postscale_factor")
     grads = _zeros_for_missing(grads, op.inputs)
     if reduce_op in (Sum, Average):
-        # d(sum_r pre*x_r)/dx_r = pre; upstream gradients add up over ranks.
-        return _allreduce_dense(grads, reduce_op, pre, post, None)
+        # d(sum_r pre*x_r)/dx_r = pre; upstream gradients add up over ranks (compressed like the forward).
+        return _allreduce_dense(grads, reduce_op, pre, post, None, op.get_attr("compression").decode())
     summed = _allreduce_dense(grads, Sum, 1.0, 1.0, None)
     xs, ys = list(op.inputs), list(op.outputs)
     if reduce_op in (Min, Max):

@@ -4,6 +4,7 @@
 
 #include "coordinator.h"
 #include "reduction.h"
+#include "wire_compression.h"
 
 namespace smdist {
 namespace {
@@ -85,6 +86,8 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
   const TensorEntry& first = (*entries)[0];
   const DataType dtype = first.dtype;
   const size_t elem = DataTypeSize(dtype);
+  const DataType wire = WireDataType(dtype, first.compression);
+  if (wire != dtype) return AllreduceCompressed(entries, wire);
   if (entries->size() == 1) {
     TensorEntry& e = (*entries)[0];
     const int64_t count = NumElements(e.shape);
@@ -135,6 +138,46 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
     const int64_t bytes = NumElements(e.shape) * elem;
     if (bytes > 0) std::memcpy(e.output, buf + offset, bytes);
     offset += bytes;
+  }
+  Trace("COPY_OUT_FUSION_BUFFER", t0);
+  return Status::OK();
+}
+
+Status CollectiveExecutor::AllreduceCompressed(std::vector<TensorEntry>* entries, DataType wire) {
+  const TensorEntry& first = (*entries)[0];
+  const size_t wire_elem = DataTypeSize(wire);
+  int64_t total = 0;
+  for (const TensorEntry& e : *entries) total += NumElements(e.shape);
+  if (total == 0) return Status::OK();
+  if (fusion_buffer_.size() < static_cast<size_t>(total) * wire_elem) {
+    fusion_buffer_.resize(static_cast<size_t>(total) * wire_elem);
+  }
+  uint8_t* buf = fusion_buffer_.data();
+  auto t0 = Timeline::Clock::now();
+  int64_t offset = 0;
+  for (const TensorEntry& e : *entries) {
+    const int64_t count = NumElements(e.shape);
+    NarrowToWire(e.dtype, e.input, wire, buf + offset * wire_elem, count, e.prescale);
+    offset += count;
+  }
+  Trace("COPY_IN_FUSION_BUFFER", t0);
+  t0 = Timeline::Clock::now();
+  const ReduceOp op = WireOp(first.reduce_op);
+  if (transport_->CanAllreduceSpans(total * static_cast<int64_t>(wire_elem), 1)) {
+    SMDIST_RETURN_IF_ERROR(transport_->AllreduceSpans({TensorSpan{buf, buf, total}}, wire, op, 1.0));
+  } else {
+    SMDIST_RETURN_IF_ERROR(transport_->Allreduce(buf, buf, total, wire, op));
+  }
+  Trace("ALLREDUCE", t0);
+  // Average and postscale are applied while widening, in float32.
+  double scale = first.postscale;
+  if (first.reduce_op == ReduceOp::kAverage) scale /= transport_->topology().size;
+  t0 = Timeline::Clock::now();
+  offset = 0;
+  for (TensorEntry& e : *entries) {
+    const int64_t count = NumElements(e.shape);
+    WidenFromWire(wire, buf + offset * wire_elem, e.dtype, e.output, count, scale);
+    offset += count;
   }
   Trace("COPY_OUT_FUSION_BUFFER", t0);
   return Status::OK();

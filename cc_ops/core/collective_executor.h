@@ -26,6 +26,9 @@ class CollectiveExecutor {
   Status Allreduce(std::vector<TensorEntry>* entries);
   // Fused or single allreduce straight between the ranks' tensors (no fusion buffer).
   Status AllreduceInPlace(std::vector<TensorEntry>* entries);
+  // Compression.fp16/bf16: narrow into the fusion buffer, reduce the wire
+  // type, widen into the outputs (scaling folded into both passes).
+  Status AllreduceCompressed(std::vector<TensorEntry>* entries, DataType wire);
   Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims);
   Status Broadcast(TensorEntry* entry);
   Status Alltoall(TensorEntry* entry, const std::vector<int64_t>& split_matrix);

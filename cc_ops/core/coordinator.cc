@@ -28,10 +28,13 @@ std::vector<int64_t> TrailingDims(const std::vector<int64_t>& shape) {
 }  // namespace
 
 std::pair<std::string, int64_t> FusionInfo(const Request& r) {
+  const DataType wire = WireDataType(r.dtype, r.compression);
   std::string key = std::to_string(static_cast<int>(r.dtype)) + "/" +
+                    std::to_string(static_cast<int>(wire)) + "/" +
                     std::to_string(static_cast<int>(r.reduce_op)) + "/" +
                     FormatScale(r.prescale) + "/" + FormatScale(r.postscale);
-  return {key, NumElements(r.shape) * static_cast<int64_t>(DataTypeSize(r.dtype))};
+  // The threshold bounds the fusion buffer, which holds the wire type.
+  return {key, NumElements(r.shape) * static_cast<int64_t>(DataTypeSize(wire))};
 }
 
 int64_t ReducescatterRows(int64_t dim0, int size, int rank) {
@@ -78,6 +81,10 @@ std::string CheckAgreement(const std::string& name, const std::vector<Request>& 
         return Mismatch("prescale/postscale factors", name, type, rank,
                         FormatScale(first.prescale) + "/" + FormatScale(first.postscale),
                         FormatScale(r.prescale) + "/" + FormatScale(r.postscale));
+      }
+      if (type == CollectiveType::kAllreduce && r.compression != first.compression) {
+        return Mismatch("compression", name, type, rank, WireCompressionName(first.compression),
+                        WireCompressionName(r.compression));
       }
     }
     if (type == CollectiveType::kBroadcast && r.root_rank != first.root_rank) {

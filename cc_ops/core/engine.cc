@@ -13,15 +13,45 @@
 
 namespace smdist {
 
+struct Engine::CycleState {
+  CycleState(const Topology& topo, const EngineConfig& config, Transport* transport,
+             Timeline* timeline)
+      : cache(config.cache_capacity),
+        coordinator(topo.size, config.fusion_threshold_bytes,
+                    StallInspector(config.stall_check_seconds, config.stall_shutdown_seconds),
+                    config.cache_capacity > 0 ? &cache : nullptr),
+        executor(transport, timeline) {}
+
+  struct CachedPending {
+    Request request;
+    std::chrono::steady_clock::time_point since;
+  };
+  ResponseCache cache;
+  Coordinator coordinator;
+  CollectiveExecutor executor;
+  std::map<int64_t, CachedPending> cached_pending;  // by cache bit
+  std::vector<Request> requeued;  // evicted while pending: renegotiate in full
+};
+
 Engine& Engine::Instance() {
   static Engine instance;
   return instance;
 }
 
+namespace {
+// Set while this thread runs a cycle: a done callback that submits another
+// collective from inside the cycle must queue it, not start a nested cycle.
+thread_local bool t_in_cycle = false;
+}  // namespace
+
 Engine::~Engine() {
   // Finalize() normally joined the thread; a process exiting without it must
-  // not abort in std::thread's destructor.
-  if (thread_.joinable()) thread_.detach();
+  // not abort in std::thread's destructor. The cycle state is then leaked on
+  // purpose: the detached thread may still use it.
+  if (thread_.joinable()) {
+    thread_.detach();
+    (void)cycle_state_.release();
+  }
 }
 
 Status Engine::Init() {
@@ -67,6 +97,9 @@ Status Engine::Init() {
     Status s = timeline_.Start(path, transport_->topology().rank);
     if (!s.ok()) LogWarning(s.message());
   }
+  cycle_state_ = std::make_unique<CycleState>(transport_->topology(), config_, transport_.get(),
+                                              &timeline_);
+  cycles_over_ = false;
   thread_ = std::thread(&Engine::BackgroundLoop, this);
   initialized_ = true;
   return Status::OK();
@@ -91,6 +124,11 @@ void Engine::ReleaseLocked() {
   shutdown_requested_ = true;
   queue_->Wake();
   if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard<std::mutex> cycle(cycle_mu_);
+    cycles_over_ = true;
+    cycle_state_.reset();
+  }
   initialized_ = false;
   p2p_.reset();
   queue_.reset();
@@ -117,14 +155,26 @@ EngineConfig Engine::config() const {
   return config_;
 }
 
-Status Engine::Enqueue(std::vector<TensorEntry> entries) {
-  std::lock_guard<std::mutex> state(state_mu_);
-  if (!initialized_) {
-    return Status::PreconditionFailed(
-        "smdist_tf has not been initialized: call smdist_tf.init() before any collective");
+Status Engine::Enqueue(std::vector<TensorEntry> entries, bool run_inline) {
+  std::unique_lock<std::mutex> cycle(cycle_mu_, std::defer_lock);
+  if (run_inline && !t_in_cycle) cycle.try_lock();
+  const bool inline_cycle = cycle.owns_lock() && !cycles_over_;
+  {
+    std::lock_guard<std::mutex> state(state_mu_);
+    if (!initialized_) {
+      return Status::PreconditionFailed(
+          "smdist_tf has not been initialized: call smdist_tf.init() before any collective");
+    }
+    if (!running_) return Status::Aborted(stop_reason_);
+    SMDIST_RETURN_IF_ERROR(
+        queue_->Add(std::move(entries), transport_->topology().rank, /*wake=*/!inline_cycle));
   }
-  if (!running_) return Status::Aborted(stop_reason_);
-  return queue_->Add(std::move(entries), transport_->topology().rank);
+  if (!inline_cycle) return Status::OK();
+  // Peers not all there yet: the engine thread carries on from here. Woken
+  // before cycle_mu_ is released, as Shutdown frees the queue only after
+  // taking cycle_mu_.
+  if (RunCycleLocked() && queue_->HasInFlight()) queue_->Wake();
+  return Status::OK();
 }
 
 Status Engine::PointToPointReadyLocked() const {
@@ -163,30 +213,26 @@ void Engine::Stop(const std::string& reason) {
   }
 }
 
-struct Engine::CycleState {
-  CycleState(const Topology& topo, const EngineConfig& config, Transport* transport,
-             Timeline* timeline)
-      : cache(config.cache_capacity),
-        coordinator(topo.size, config.fusion_threshold_bytes,
-                    StallInspector(config.stall_check_seconds, config.stall_shutdown_seconds),
-                    config.cache_capacity > 0 ? &cache : nullptr),
-        executor(transport, timeline) {}
-
-  struct CachedPending {
-    Request request;
-    std::chrono::steady_clock::time_point since;
-  };
-  ResponseCache cache;
-  Coordinator coordinator;
-  CollectiveExecutor executor;
-  std::map<int64_t, CachedPending> cached_pending;  // by cache bit
-  std::vector<Request> requeued;  // evicted while pending: renegotiate in full
-};
 
 void Engine::BackgroundLoop() {
-  CycleState state(transport_->topology(), config_, transport_.get(), &timeline_);
-  while (RunCycle(&state)) {
+  while (true) {
+    // Sleep only when idle: a rank with collectives in flight goes straight to
+    // the next cycle, so a lone tensor never waits out a cycle for its peers.
+    if (!queue_->HasInFlight()) {
+      queue_->WaitForWork(static_cast<int64_t>(config_.cycle_time_ms * 1000.0));
+    }
+    std::lock_guard<std::mutex> cycle(cycle_mu_);
+    if (!RunCycleLocked()) return;
   }
+}
+
+bool Engine::RunCycleLocked() {
+  if (cycles_over_) return false;
+  t_in_cycle = true;
+  const bool go_on = RunCycle(cycle_state_.get());
+  t_in_cycle = false;
+  if (!go_on) cycles_over_ = true;
+  return go_on;
 }
 
 namespace {
@@ -312,11 +358,6 @@ bool Engine::Execute(CycleState* state, const Response& response, bool remember)
 }
 
 bool Engine::RunCycle(CycleState* state) {
-  // Sleep only when idle: a rank with collectives in flight goes straight to
-  // the next cycle, so a lone tensor never waits out a cycle for its peers.
-  if (!queue_->HasInFlight()) {
-    queue_->WaitForWork(static_cast<int64_t>(config_.cycle_time_ms * 1000.0));
-  }
   std::vector<Request> fresh;
   queue_->PopRequests(&fresh);
   std::vector<Request> uncached = std::move(state->requeued);

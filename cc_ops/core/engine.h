@@ -46,7 +46,10 @@ class Engine {
 
   // Queues entries submitted together (they are negotiated in the same
   // cycle, so a group fuses). On error nothing is queued and no done runs.
-  Status Enqueue(std::vector<TensorEntry> entries);
+  // With `run_inline`, a caller that finds no cycle running runs one itself
+  // instead of waking the engine thread: a lone collective then completes
+  // without two thread hand-offs (done may run before Enqueue returns).
+  Status Enqueue(std::vector<TensorEntry> entries, bool run_inline = false);
 
   // Point-to-point messages (pipeline parallelism). They bypass negotiation:
   // both ends name each other, and a send never waits for its receiver.
@@ -61,6 +64,8 @@ class Engine {
   void ReleaseLocked();
   struct CycleState;
   void BackgroundLoop();
+  // Runs one cycle; cycle_mu_ held. False once cycles have ended for good.
+  bool RunCycleLocked();
   // One negotiation + execution cycle; false when the engine must stop.
   bool RunCycle(CycleState* state);
   // Bit-vector round for cached collectives: fills `ready` with the cached
@@ -87,6 +92,11 @@ class Engine {
   std::unique_ptr<PointToPointChannel> p2p_;  // null without MPI_THREAD_MULTIPLE
   std::thread thread_;
   Timeline timeline_;
+  // Cycles run one at a time, on the engine thread or an inline caller;
+  // cycle_mu_ is taken before state_mu_ when both are needed.
+  std::mutex cycle_mu_;
+  std::unique_ptr<CycleState> cycle_state_;
+  bool cycles_over_ = false;  // cycle_mu_
 };
 
 }  // namespace smdist

@@ -18,6 +18,7 @@ std::vector<uint8_t> RequestList::Serialize() const {
     w.Put<int32_t>(static_cast<int32_t>(r.reduce_op));
     w.Put<double>(r.prescale);
     w.Put<double>(r.postscale);
+    w.Put<int32_t>(static_cast<int32_t>(r.compression));
     w.PutInts(r.splits);
     w.PutString(r.error);
   }
@@ -40,6 +41,7 @@ bool RequestList::Parse(const uint8_t* data, size_t size, RequestList* out) {
     r.reduce_op = static_cast<ReduceOp>(rd.Get<int32_t>());
     r.prescale = rd.Get<double>();
     r.postscale = rd.Get<double>();
+    r.compression = static_cast<WireCompression>(rd.Get<int32_t>());
     r.splits = rd.GetInts();
     r.error = rd.GetString();
     out->requests.push_back(std::move(r));

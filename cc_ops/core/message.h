@@ -21,6 +21,7 @@ struct Request {
   ReduceOp reduce_op = ReduceOp::kSum;
   double prescale = 1.0;
   double postscale = 1.0;
+  WireCompression compression = WireCompression::kNone;  // allreduce only
   std::vector<int64_t> splits;  // alltoall only; empty means equal splits
   std::string error;            // a local validation error, reported to all ranks
 };

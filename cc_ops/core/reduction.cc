@@ -49,6 +49,27 @@ void ReduceTyped(ReduceOp op, const void* in, void* inout, int64_t n) {
   for (int64_t i = 0; i < n; ++i) b[i] = ApplyOp<T>(op, a[i], b[i]);
 }
 
+// out[i] = a[i] + b[i]: the first two inputs of a sum in one pass, instead of
+// a copy followed by an accumulate.
+template <typename T>
+bool SumTwoTyped(const void* a, const void* b, void* out, int64_t n) {
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  T* o = static_cast<T*>(out);
+  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(x[i] + y[i]);
+  return true;
+}
+
+bool SumTwo(DataType dtype, const void* a, const void* b, void* out, int64_t n) {
+  switch (dtype) {
+    case DataType::kFloat32: return SumTwoTyped<float>(a, b, out, n);
+    case DataType::kFloat64: return SumTwoTyped<double>(a, b, out, n);
+    case DataType::kInt32: return SumTwoTyped<int32_t>(a, b, out, n);
+    case DataType::kInt64: return SumTwoTyped<int64_t>(a, b, out, n);
+    default: return false;
+  }
+}
+
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
 void ReduceHalfLike(ReduceOp op, const void* in, void* inout, int64_t n) {
   const uint16_t* a = static_cast<const uint16_t*>(in);
@@ -150,9 +171,14 @@ void ReduceMany(DataType dtype, ReduceOp op, const void* const* inputs, int n, v
   if (dtype == DataType::kBFloat16) {
     return ReduceManyHalfLike<BFloat16ToFloat, FloatToBFloat16>(op, inputs, n, out, count);
   }
-  const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
-  if (out != inputs[0]) std::memcpy(out, inputs[0], bytes);
-  for (int k = 1; k < n; ++k) ReduceInto(dtype, op, inputs[k], out, count);
+  int k = 1;
+  if (n >= 2 && (op == ReduceOp::kSum || op == ReduceOp::kAverage) &&
+      SumTwo(dtype, inputs[0], inputs[1], out, count)) {
+    k = 2;
+  } else if (out != inputs[0]) {
+    std::memcpy(out, inputs[0], static_cast<size_t>(count) * DataTypeSize(dtype));
+  }
+  for (; k < n; ++k) ReduceInto(dtype, op, inputs[k], out, count);
 }
 
 void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout, int64_t count) {

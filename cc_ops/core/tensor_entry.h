@@ -26,6 +26,7 @@ struct TensorEntry {
   ReduceOp reduce_op = ReduceOp::kSum;
   double prescale = 1.0;
   double postscale = 1.0;
+  WireCompression compression = WireCompression::kNone;  // allreduce only
   std::vector<int64_t> splits;  // alltoall: rows sent to each rank
   // A problem found locally (bad splits, bad root): reported through
   // negotiation so every rank fails together instead of this one alone.

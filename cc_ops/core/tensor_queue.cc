@@ -4,7 +4,7 @@
 
 namespace smdist {
 
-Status TensorQueue::Add(std::vector<TensorEntry> entries, int rank) {
+Status TensorQueue::Add(std::vector<TensorEntry> entries, int rank, bool wake) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -29,12 +29,14 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, int rank) {
       r.reduce_op = e.reduce_op;
       r.prescale = e.prescale;
       r.postscale = e.postscale;
+      r.compression = e.compression;
       r.splits = e.splits;
       r.error = e.local_error;
       fresh_.push_back(r);
       std::string name = e.name;
       table_.emplace(std::move(name), Pending{std::move(e), std::move(r)});
     }
+    if (!wake) return Status::OK();
     woken_ = true;
   }
   cv_.notify_all();

@@ -16,7 +16,8 @@ namespace smdist {
 class TensorQueue {
  public:
   // Fails (without queuing) when `name` is already in flight on this rank.
-  Status Add(std::vector<TensorEntry> entries, int rank);
+  // `wake`: wake the engine thread (an inline caller runs the cycle itself).
+  Status Add(std::vector<TensorEntry> entries, int rank, bool wake = true);
 
   // Moves newly added entries' requests into `out` (submission order).
   void PopRequests(std::vector<Request>* out);

@@ -36,6 +36,25 @@ const char* DataTypeName(DataType dtype) {
   return "unknown";
 }
 
+DataType WireDataType(DataType dtype, WireCompression compression) {
+  if (!IsFloatingPoint(dtype)) return dtype;
+  switch (compression) {
+    case WireCompression::kFloat16: return DataType::kFloat16;
+    case WireCompression::kBFloat16: return DataType::kBFloat16;
+    case WireCompression::kNone: break;
+  }
+  return dtype;
+}
+
+const char* WireCompressionName(WireCompression compression) {
+  switch (compression) {
+    case WireCompression::kNone: return "none";
+    case WireCompression::kFloat16: return "fp16";
+    case WireCompression::kBFloat16: return "bf16";
+  }
+  return "unknown";
+}
+
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
     case ReduceOp::kAverage: return "Average";

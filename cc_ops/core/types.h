@@ -38,7 +38,18 @@ enum class CollectiveType : int32_t {
   kBarrier,
 };
 
+// What floating-point tensors of an allreduce travel as (Compression.fp16/bf16).
+enum class WireCompression : int32_t {
+  kNone = 0,
+  kFloat16,
+  kBFloat16,
+};
+
 size_t DataTypeSize(DataType dtype);
+// The dtype `dtype` travels as: the compressed type for other floating-point
+// types, otherwise `dtype` itself.
+DataType WireDataType(DataType dtype, WireCompression compression);
+const char* WireCompressionName(WireCompression compression);
 const char* DataTypeName(DataType dtype);
 const char* ReduceOpName(ReduceOp op);
 const char* CollectiveTypeName(CollectiveType type);

@@ -71,8 +71,9 @@ class CollectiveKernel : public AsyncOpKernel {
 
   // Hands `entries` to the engine; on refusal completes the op with the error.
   void Submit(OpKernelContext* ctx, std::vector<TensorEntry> entries,
-              const std::shared_ptr<OpCompletion>& completion, DoneCallback done) {
-    Status s = Engine::Instance().Enqueue(std::move(entries));
+              const std::shared_ptr<OpCompletion>& completion, DoneCallback done,
+              bool run_inline = false) {
+    Status s = Engine::Instance().Enqueue(std::move(entries), run_inline);
     if (!s.ok()) {
       ctx->SetStatus(bridge::ToTfStatus(s));
       done();
@@ -96,6 +97,12 @@ class AllreduceKernel : public CollectiveKernel {
     reduce_op_ = static_cast<ReduceOp>(op);
     OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
     OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
+    OP_REQUIRES_OK(c, c->GetAttr("run_inline", &run_inline_));
+    std::string compression;
+    OP_REQUIRES_OK(c, c->GetAttr("compression", &compression));
+    compression_ = compression == "fp16"   ? WireCompression::kFloat16
+                   : compression == "bf16" ? WireCompression::kBFloat16
+                                           : WireCompression::kNone;
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -112,12 +119,15 @@ class AllreduceKernel : public CollectiveKernel {
       e.reduce_op = reduce_op_;
       e.prescale = prescale_;
       e.postscale = postscale_;
+      e.compression = compression_;
       e.done = DoneFor(completion, ctx->input(i));
     }
-    Submit(ctx, std::move(entries), completion, done);
+    Submit(ctx, std::move(entries), completion, done, run_inline_);
   }
 
  private:
+  bool run_inline_ = false;
+  WireCompression compression_ = WireCompression::kNone;
   ReduceOp reduce_op_ = ReduceOp::kSum;
   float prescale_ = 1.0f;
   float postscale_ = 1.0f;

@@ -40,11 +40,15 @@ REGISTER_OP("SmdistAllreduce")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("run_inline: bool = false")
+    .Attr("compression: {'none', 'fp16', 'bf16'} = 'none'")
     .Input("tensors: T")
     .Output("outputs: T")
     .SetIsStateful()
     .SetShapeFn(SameShapes)
-    .Doc("Reduces each tensor across all ranks; tensors in one op are negotiated together and fused.");
+    .Doc("Reduces each tensor across all ranks; tensors in one op are negotiated together and fused. "
+         "run_inline: the calling thread may run the engine cycle itself (eager mode, where it would "
+         "otherwise only wait). compression: floating-point tensors travel as float16/bfloat16.");
 
 REGISTER_OP("SmdistBroadcast")
     .Attr("T: list({bool, uint8, int8, int32, int64, half, bfloat16, float, double})")

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import smdist_tf as sd
+from tests.mp.collective_expectations import all_rank_values
 
 RANK, SIZE = sd.rank(), sd.size()
 LAST = SIZE - 1
@@ -79,6 +80,13 @@ class MismatchTest(tf.test.TestCase):
     def test_scale_factors(self):
         self.assert_fails_everywhere(
             lambda: sd.allreduce(tf.ones([2]), op=sd.Sum, prescale_factor=1.0 + RANK, name="m.scale"), "prescale/postscale"
+        )
+
+    def test_compression(self):
+        compression = sd.Compression.fp16 if RANK == 0 else sd.Compression.none
+        self.assert_fails_everywhere(
+            lambda: sd.allreduce(tf.ones([2]), op=sd.Sum, compression=compression, name="m.compression"),
+            "mismatched compression", "fp16", "none",
         )
 
     def test_root_rank(self):
@@ -339,6 +347,142 @@ class CrossMemoryPathTest(tf.test.TestCase):
 
     def test_nan_and_inf_propagate(self):
         SharedMemoryPathTest._check_nan_and_inf_propagate(self, "cma.nan")
+
+
+class WireCompressionTest(tf.test.TestCase):
+    """Compression.fp16/bf16 inside the engine: narrowed into the fusion buffer, reduced, widened back.
+
+    Every path: MPI (small), cross-memory attach and the shared-memory copy path (large).
+    """
+
+    PATHS = [
+        ("mpi", dict()),
+        ("cross_memory_attach", dict(SMDIST_SHM_MIN_BYTES="0")),
+        ("shared_memory", dict(SMDIST_SHM_MIN_BYTES="0", SMDIST_CROSS_MEMORY_ATTACH="0", SMDIST_SHM_SEGMENT_BYTES="4096")),
+    ]
+    WIRE = {"fp16": (sd.Compression.fp16, np.float16), "bf16": (sd.Compression.bf16, tf.bfloat16.as_numpy_dtype)}
+
+    @staticmethod
+    def _expected(values, op, wire_np, prescale=1.0, postscale=1.0):
+        # Each rank narrows x*prescale to the wire type; the sum accumulates in float32 and
+        # is rounded to the wire type once; Average and postscale apply while widening.
+        wired = [(v.astype(np.float64) * prescale).astype(np.float32).astype(wire_np).astype(np.float32) for v in values]
+        stack = np.stack(wired)
+        reduced = {sd.Sum: stack.sum(0), sd.Average: stack.sum(0), sd.Min: stack.min(0), sd.Max: stack.max(0),
+                   sd.Product: stack.prod(0)}[op].astype(wire_np).astype(np.float64)
+        if op == sd.Average:
+            reduced = reduced / SIZE
+        return reduced * postscale
+
+    def _run_paths(self, check):
+        for path, env in self.PATHS:
+            restart_engine(**env)
+            try:
+                if path != "mpi" and sd.engine_config()["intra_host_allreduce"] != path:
+                    continue  # e.g. cross-memory attach refused by ptrace settings
+                with self.subTest(path=path):
+                    check(path)
+            finally:
+                restart_engine(**{k: "" for k in env})
+
+    def test_every_op_dtype_and_scale_against_local_result(self):
+        def check(path):
+            counts = [1, 17] if path == "mpi" else [1, 17, 70001]
+            for wire, (compression, wire_np) in self.WIRE.items():
+                for dtype in [tf.float32, tf.float64] + ([tf.float16] if wire == "bf16" else []):
+                    for op in [sd.Sum, sd.Average, sd.Min, sd.Max, sd.Product]:
+                        for count in counts:
+                            for pre, post in [(1.0, 1.0), (0.5, 3.0)]:
+                                values = all_rank_values((count,), dtype, op, seed=count)
+                                out = sd.allreduce(tf.constant(values[RANK], dtype), op=op, compression=compression,
+                                                   prescale_factor=pre, postscale_factor=post,
+                                                   name=f"wire.{path}.{wire}.{dtype.name}.{op}.{count}.{pre}")
+                                self.assertEqual(out.dtype, dtype)
+                                # MPI reduces pairwise, rounding to the wire type at each of the
+                                # size-1 steps: allow that many half-ulps of the partial sums (|x| < 32).
+                                tol = dict(rtol=2e-3, atol=0.03) if wire == "fp16" else dict(rtol=1e-2, atol=0.25)
+                                self.assertAllClose(tf.cast(out, tf.float64), self._expected(values, op, wire_np, pre, post),
+                                                    **tol)
+
+        self._run_paths(check)
+
+    def test_values_really_travel_as_16_bits_and_uncompressed_fuse_separately(self):
+        # 1 + 2**-12 is exact in float32 and rounds to 1 in float16 and bfloat16: a compressed
+        # result must lose it, an uncompressed one in the same cycle (same dtype) must keep it.
+        def check(path):
+            n = 70001 if path != "mpi" else 9
+
+            @tf.function
+            def step(x):
+                plain = sd.allreduce(x, op=sd.Sum, name=f"wire.plain.{path}")
+                half = sd.allreduce(x, op=sd.Sum, compression=sd.Compression.fp16, name=f"wire.half.{path}")
+                brain = sd.allreduce(x, op=sd.Sum, compression=sd.Compression.bf16, name=f"wire.brain.{path}")
+                return plain, half, brain
+
+            plain, half, brain = step(tf.fill([n], tf.constant(1.0 + 2.0 ** -12, tf.float32)))
+            self.assertAllEqual(plain, np.full([n], SIZE * (1.0 + 2.0 ** -12), np.float32))
+            self.assertAllEqual(half, np.full([n], SIZE, np.float32))
+            self.assertAllEqual(brain, np.full([n], SIZE, np.float32))
+
+        self._run_paths(check)
+
+    def test_grouped_fused_bit_identical_nan_inf_and_overflow(self):
+        def check(path):
+            big = 70001 if path != "mpi" else 5
+            x = tf.random.stateless_normal([big], seed=[RANK, 3])
+            special = np.ones([8], np.float32)
+            if RANK == 0:
+                special[:3] = [np.inf, np.nan, 70000.0]  # 70000 overflows float16 to inf, as a cast would
+            outs = sd.grouped_allreduce([x, tf.zeros([0]), tf.constant(special), tf.cast(x[:3], tf.float64)],
+                                        op=sd.Average, compression=sd.Compression.fp16, name=f"wire.group.{path}")
+            self.assertEqual([o.dtype for o in outs], [tf.float32, tf.float32, tf.float32, tf.float64])
+            self.assertEqual(outs[1].shape, (0,))
+            s = outs[2].numpy()
+            self.assertEqual(s[0], np.inf)
+            self.assertTrue(np.isnan(s[1]))
+            self.assertEqual(s[2], np.inf)
+            self.assertEqual(s[3], 1.0)
+            bits = sd.allgather(tf.expand_dims(tf.bitcast(outs[0], tf.int32), 0), name=f"wire.bits.{path}").numpy()
+            self.assertTrue((bits == bits[0]).all())
+
+        self._run_paths(check)
+
+    def test_gradient_of_compressed_allreduce(self):
+        x = tf.constant([1.0, 2.0, 3.0])
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = sd.allreduce(x * (RANK + 1), op=sd.Sum, compression=sd.Compression.fp16, name="wire.grad")
+            loss = tf.reduce_sum(y * y)
+        # d/dx_r sum_i (sum_s (s+1) x_s)^2 = (r+1) * sum over ranks of 2*y = (r+1) * 2 * SIZE * y.
+        total = SIZE * (SIZE + 1) / 2
+        expected = (RANK + 1) * 2 * SIZE * total * np.array([1.0, 2.0, 3.0])
+        self.assertAllClose(tape.gradient(loss, x), expected, rtol=2e-3)
+
+
+class InlineCycleTest(tf.test.TestCase):
+    """Eager callers run the engine cycle themselves when it is idle; peers may arrive late."""
+
+    def test_late_peer_and_concurrent_threads(self):
+        if RANK == SIZE - 1:
+            time.sleep(0.3)  # the others' inline cycles find this rank missing; the engine thread finishes
+        out = sd.allreduce(tf.fill([5], float(RANK)), op=sd.Sum, name="inline.late")
+        self.assertAllEqual(out, np.full([5], SIZE * (SIZE - 1) / 2, np.float32))
+        results, errors = {}, []
+
+        def submit(i):
+            try:
+                results[i] = sd.allreduce(tf.fill([3 + i], float(i + RANK)), op=sd.Sum, name=f"inline.thread{i}").numpy()
+            except Exception as e:  # noqa: BLE001 - reported by the assertion below
+                errors.append(e)
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(errors, [])
+        for i in range(6):
+            self.assertAllEqual(results[i], np.full([3 + i], SIZE * i + SIZE * (SIZE - 1) / 2, np.float32))
 
 
 if __name__ == "__main__":
