@@ -398,11 +398,30 @@ def measure_memcpy(np_: int, reps: int) -> dict:
                   note="bytes copied per second (read + write of the buffer counted once)")
 
 
-def mpirun_cmd(np_: int) -> list[str]:
-    """The mpirun next to this Python (the venv's Open MPI), else the one on PATH."""
+# Forwarded to the ranks on the second (namespace) host, which do not inherit the driver's environment.
+_FORWARDED_ENV = ("PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "TF_CPP_MIN_LOG_LEVEL", "LD_LIBRARY_PATH",
+                  "OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+
+
+def mpirun_cmd(np_: int, hosts: Optional[dict] = None, env: Optional[dict] = None) -> list[str]:
+    """The mpirun next to this Python (the venv's Open MPI), else the one on PATH.
+
+    With ``hosts`` (from ``netns_hosts.two_namespace_hosts``), half the ranks run on each namespace
+    host and talk TCP over the veth pair; the names in ``_FORWARDED_ENV`` that ``env`` sets are
+    forwarded to them.
+    """
     local = Path(sys.executable).parent / "mpirun"
     exe = str(local) if local.exists() else (shutil.which("mpirun") or "mpirun")
-    return [exe, "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
+    cmd = [exe, "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
+    if hosts is None:
+        return cmd
+    per_host = (np_ + 1) // 2
+    cmd = [*hosts["launch_prefix"], *cmd, "-H", f"{hosts['ip_a']}:{per_host},{hosts['ip_b']}:{per_host}",
+           "--map-by", "node", "--prtemca", "plm_ssh_agent", hosts["agent"]]
+    for name in _FORWARDED_ENV:
+        if name in (env or os.environ):
+            cmd += ["-x", name]
+    return cmd
 
 
 def run_phase(phase: str, args: argparse.Namespace) -> tuple[list[dict], Optional[str]]:
@@ -416,7 +435,7 @@ def run_phase(phase: str, args: argparse.Namespace) -> tuple[list[dict], Optiona
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
                TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
                PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p))
-    proc = subprocess.Popen(mpirun_cmd(args.np) + argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(mpirun_cmd(args.np, args.hosts, env) + argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=sys.stderr, text=True, start_new_session=True)
     records: list[dict] = []
     deadline = time.monotonic() + args.timeout
@@ -543,6 +562,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--systems", type=lambda s: s.split(","), default=ALL_SYSTEMS,
                    help="subset of smdist_tf,mpi,mwms,memcpy")
     p.add_argument("--timeout", type=float, default=420.0, help="seconds allowed per mpirun phase")
+    p.add_argument("--two-hosts", action="store_true",
+                   help="split the ranks over two hosts played by network namespaces joined by a veth pair "
+                        "(TCP between them; needs root): a network hop on one machine. MWMS is left out")
     p.add_argument("--worker", choices=["core", "mwms"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
@@ -564,6 +586,23 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     if "OMPI_COMM_WORLD_SIZE" in os.environ:
         sys.exit("run the driver without mpirun: python benchmarks/allreduce.py --np N (it launches mpirun)")
+    args.hosts = None
+    if args.two_hosts:
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.netns_hosts import Unavailable, two_namespace_hosts
+
+        args.systems = [s for s in args.systems if s != "mwms"]  # its loopback gRPC cluster spans one host
+        try:
+            with two_namespace_hosts() as hosts:
+                args.hosts = hosts
+                return _drive(args)
+        except Unavailable as why:
+            sys.exit(f"--two-hosts: {why}")
+    return _drive(args)
+
+
+def _drive(args: argparse.Namespace) -> int:
+    """Measures memcpy, runs the mpirun phases and prints the summary; 1 if a phase failed."""
     load: dict[str, Any] = {"start": list(os.getloadavg()), "library_mtime_utc": _library_mtime()}
     records: list[dict] = []
     errors: list[str] = []
@@ -580,6 +619,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             errors.append(err)
     load["end"] = list(os.getloadavg())
     summary = summarize(records, args, errors, {"start": load["start"], "end": load["end"]})
+    summary["two_hosts"] = args.hosts is not None
     summary["smdist_library_mtime_utc"] = load["library_mtime_utc"]
     summary["smdist_library_rebuilt_during_run"] = load["library_mtime_utc"] != _library_mtime()
     emit(summary)

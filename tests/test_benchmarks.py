@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "allreduce.py"
 RESULT_KEYS = {"system", "case", "size_bytes", "dtype", "np", "seconds", "algbw", "busbw", "iters"}
@@ -21,12 +23,12 @@ SUMMARY_KEYS = {
 }
 
 
-def _run_quick(np_: int, timeout: float) -> tuple[int, str, str]:
+def _run_quick(np_: int, timeout: float, *extra: str) -> tuple[int, str, str]:
     """Runs the driver; kills its whole process group (mpirun and ranks) on timeout."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("OMPI_COMM_WORLD_SIZE", None)  # the driver refuses to run under mpirun
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--np", str(np_), "--quick", "--timeout", "240"],
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--np", str(np_), "--quick", "--timeout", "240", *extra],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -66,3 +68,18 @@ def test_quick_run_emits_json_for_all_systems() -> None:
     assert summary["latency_4KiB_eager_us"] is not None
     assert summary["fused_speedup_vs_unfused"] is not None
     assert summary["busbw_ratio_smdist_vs_mpi_fp32"].get(str(1 << 20)) is not None
+
+
+def test_two_hosts_run_crosses_the_veth() -> None:
+    """--two-hosts: one rank per namespace host, so smdist_tf reduces over MPI between hosts."""
+    code, out, err = _run_quick(2, 300, "--two-hosts", "--systems", "smdist_tf,mpi", "--dtypes", "float32")
+    if code != 0 and "--two-hosts:" in err:
+        pytest.skip(err.strip().splitlines()[-1])  # no root / namespaces on this machine
+    assert code == 0, f"exit {code}\nstdout:\n{out[-5000:]}\nstderr:\n{err[-5000:]}"
+    records = [json.loads(line) for line in out.splitlines() if line.strip()]
+    summary = records[-1]
+    assert summary["two_hosts"] is True and summary["errors"] == []
+    config = next(r for r in records if r.get("case") == "engine_config")["config"]
+    assert config["intra_host_allreduce"] == "mpi"  # no local peer: every byte crossed the veth
+    assert summary["fp16_compression_time_ratio_vs_fp32"].get(str(1 << 20)) is not None
+

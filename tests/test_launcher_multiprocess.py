@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import smdist_tf
+from benchmarks.netns_hosts import Unavailable, two_namespace_hosts
 from smdist_tf.run import RunError
 from smdist_tf.run.launcher import main
 
@@ -228,71 +229,14 @@ def test_programmatic_run_raises_with_the_failing_ranks_traceback(deadline):
 
 # ---------------------------------------------------------------- two hosts as network namespaces
 
-NETNS_AGENT = """#!/bin/bash
-# mpirun's remote agent instead of ssh: "agent HOST COMMAND..." runs COMMAND inside the
-# network namespace that plays HOST, with its own hostname (UTS namespace).
-host="$1"; shift
-case "$host" in
-  {ip_a}) ns={ns_a}; name={name_a} ;;
-  {ip_b}) ns={ns_b}; name={name_b} ;;
-  *) echo "netns agent: unknown host $host" >&2; exit 255 ;;
-esac
-exec ip netns exec "$ns" unshare --uts /bin/bash -c 'hostname "$1"; shift; eval "$*"' agent "$name" "$@"
-"""
-
-
-def _sh(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(list(args), capture_output=True, text=True, timeout=30)
-
-
 @pytest.fixture
 def two_netns_hosts(tmp_path):
     """Two namespaces joined by a veth pair, 10.213.7.1 and 10.213.7.2; removed afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
-    for tool in ("ip", "unshare"):
-        if not shutil.which(tool):
-            pytest.skip(f"'{tool}' is not installed (iproute2 / util-linux)")
-    suffix = f"{os.getpid() % 100000}"
-    ns_a, ns_b = f"smdA{suffix}", f"smdB{suffix}"
-    veth_a, veth_b = f"smda{suffix}", f"smdb{suffix}"
-    ip_a, ip_b = "10.213.7.1", "10.213.7.2"
-    made = []
     try:
-        for ns in (ns_a, ns_b):
-            done = _sh("ip", "netns", "add", ns)
-            if done.returncode != 0:
-                pytest.skip(f"cannot create network namespaces here: {done.stderr.strip()}")
-            made.append(ns)
-        steps = [
-            ("ip", "link", "add", veth_a, "type", "veth", "peer", "name", veth_b),
-            ("ip", "link", "set", veth_a, "netns", ns_a), ("ip", "link", "set", veth_b, "netns", ns_b),
-            ("ip", "-n", ns_a, "addr", "add", f"{ip_a}/24", "dev", veth_a),
-            ("ip", "-n", ns_b, "addr", "add", f"{ip_b}/24", "dev", veth_b),
-            ("ip", "-n", ns_a, "link", "set", veth_a, "up"), ("ip", "-n", ns_b, "link", "set", veth_b, "up"),
-            ("ip", "-n", ns_a, "link", "set", "lo", "up"), ("ip", "-n", ns_b, "link", "set", "lo", "up"),
-        ]
-        for step in steps:
-            done = _sh(*step)
-            if done.returncode != 0:
-                pytest.skip(f"cannot build the veth pair ({' '.join(step)}): {done.stderr.strip()}")
-        probe = _sh("ip", "netns", "exec", ns_a, "unshare", "--uts", "true")
-        if probe.returncode != 0:
-            pytest.skip(f"cannot unshare the UTS namespace: {probe.stderr.strip()}")
-        agent = tmp_path / "netns_agent.sh"
-        agent.write_text(NETNS_AGENT.format(ip_a=ip_a, ip_b=ip_b, ns_a=ns_a, ns_b=ns_b, name_a="hosta", name_b="hostb"))
-        agent.chmod(0o755)
-        yield {"ns_a": ns_a, "ip_a": ip_a, "ip_b": ip_b, "agent": str(agent)}
-    finally:
-        for ns in made:
-            # Nothing may outlive the test inside the namespace, then the namespace itself.
-            pids = _sh("ip", "netns", "pids", ns).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            _sh("ip", "netns", "del", ns)
+        with two_namespace_hosts(tmp_path) as hosts:
+            yield hosts
+    except Unavailable as why:
+        pytest.skip(str(why))
 
 
 def test_two_hosts_in_network_namespaces(two_netns_hosts):
@@ -302,8 +246,7 @@ def test_two_hosts_in_network_namespaces(two_netns_hosts):
                 "--hierarchical-allreduce", "--mpi-args", f"--prtemca plm_ssh_agent {h['agent']}",
                 *ranks("topology", uuid.uuid4().hex)]
     # The launcher runs on "hosta": inside the first namespace, with that hostname.
-    cmd = ["ip", "netns", "exec", h["ns_a"], "unshare", "--uts", "/bin/bash", "-c",
-           'hostname hosta; exec "$@"', "launch", *launcher]
+    cmd = [*h["launch_prefix"], *launcher]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=dict(os.environ))
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     reports = [json.loads(m) for m in re.findall(r"^\[\d\]<stdout>:TOPO (.*)$", done.stdout, re.M)]
