@@ -418,8 +418,9 @@ def mpirun_cmd(np_: int, hosts: Optional[dict] = None, env: Optional[dict] = Non
     per_host = (np_ + 1) // 2
     cmd = [*hosts["launch_prefix"], *cmd, "-H", f"{hosts['ip_a']}:{per_host},{hosts['ip_b']}:{per_host}",
            "--map-by", "node", "--prtemca", "plm_ssh_agent", hosts["agent"]]
-    for name in _FORWARDED_ENV:
-        if name in (env or os.environ):
+    source = env if env is not None else os.environ
+    for name in [*_FORWARDED_ENV, *sorted(n for n in source if n.startswith(("SMDIST_", "HOROVOD_")))]:
+        if name in source:
             cmd += ["-x", name]
     return cmd
 

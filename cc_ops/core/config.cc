@@ -44,8 +44,10 @@ EngineConfig EngineConfig::FromEnvironment() {
   c.stall_shutdown_seconds =
       ReadDouble("SMDIST_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
                  c.stall_shutdown_seconds);
+  // On by default (unlike Horovod): with several hosts of equal layout, reducing
+  // inside each host first sends 1/local_size of the bytes per rank across hosts.
   c.hierarchical_allreduce = ReadDouble("SMDIST_HIERARCHICAL_ALLREDUCE",
-                                        "HOROVOD_HIERARCHICAL_ALLREDUCE", 0.0) != 0.0;
+                                        "HOROVOD_HIERARCHICAL_ALLREDUCE", 1.0) != 0.0;
   c.shm_segment_bytes = static_cast<int64_t>(
       ReadDouble("SMDIST_SHM_SEGMENT_BYTES", "SMDIST_SHM_SEGMENT_BYTES",
                  static_cast<double>(c.shm_segment_bytes)));

@@ -14,7 +14,7 @@ struct EngineConfig {
   double stall_shutdown_seconds = 0.0;  // <= 0 disables the shutdown
   std::string hostname;                 // identity of this host for topology
   // Reduce across hosts as: within host (shared memory) -> across hosts -> within host.
-  bool hierarchical_allreduce = false;
+  bool hierarchical_allreduce = true;  // used only with several hosts of equal rank count
   // Per-rank shared-memory staging segment for intra-host reductions; 0 disables.
   int64_t shm_segment_bytes = 16 * 1024 * 1024;
   // Below this size MPI's own allreduce is faster than our shared-memory path.

@@ -68,10 +68,15 @@ def topology(tag: str) -> None:
     def check(mode: str) -> None:
         sd.init()
         n, r = sd.size(), sd.rank()
-        # Several sizes, one fused batch; sums and averages must be exact.
-        sums = [sd.allreduce(tf.fill([k], float(r + 1)), op=sd.Sum, name=f"{mode}_s{k}") for k in (1, 7, 1000)]
+        # Several sizes (the large ones take the shared-memory + cross-host path), fp16 on the
+        # wire, one fused group; sums and averages of small integers must be exact.
+        sums = [sd.allreduce(tf.fill([k], float(r + 1)), op=sd.Sum, name=f"{mode}_s{k}") for k in (1, 7, 1000, 300007)]
+        sums.append(sd.allreduce(tf.fill([200003], float(r + 1)), op=sd.Sum, compression=sd.Compression.fp16,
+                                 name=f"{mode}_fp16"))
+        sums += sd.grouped_allreduce([tf.fill([k], float(r + 1)) for k in (5, 100000, 3)], op=sd.Sum, name=f"{mode}_group")
         avg = sd.allreduce(tf.constant([float(r)] * 3), name=f"{mode}_avg")
-        ok = all(np.allclose(s.numpy(), n * (n + 1) / 2) for s in sums) and np.allclose(avg.numpy(), (n - 1) / 2)
+        ok = all(np.array_equal(s.numpy(), np.full(s.shape, n * (n + 1) / 2, np.float32)) for s in sums)
+        ok = ok and np.allclose(avg.numpy(), (n - 1) / 2)
         info = dict(mode=mode, rank=r, size=n, local_rank=sd.local_rank(), local_size=sd.local_size(),
                     cross_rank=sd.cross_rank(), cross_size=sd.cross_size(),
                     hierarchical=sd.engine_config().get("hierarchical_allreduce"), ok=bool(ok))
