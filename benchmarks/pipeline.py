@@ -1,4 +1,4 @@
-"""Pipeline-parallel step time, bubble fraction and activation memory, GPipe vs 1F1B.
+"""Pipeline-parallel step time, bubble fraction, activation and weight memory, GPipe vs 1F1B.
 
     mpirun -np 2 python benchmarks/pipeline.py --microbatches 1 2 4 8
 
@@ -8,6 +8,10 @@ Prints one JSON line per (schedule, microbatches) on rank 0:
   bubble_theory       (p - 1) / (m + p - 1)
   peak_microbatches   per stage, most microbatches of activations held at once
   peak_activation_bytes  per stage, bytes of stage inputs and outputs held at that peak
+  model_weight_bytes  bytes of the whole model's weights
+  held_weight_bytes   per stage, bytes of the weights its rank holds (built from a model function)
+  build_peak_bytes    per stage, the CPU allocator's peak growth while the PipelineModel was built
+                      (null if TensorFlow's BFC CPU allocator is off)
 """
 
 from __future__ import annotations
@@ -54,8 +58,17 @@ def main() -> None:
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     for sched in args.schedules:
         for m in args.microbatches:
-            model = PipelineModel(build_model(args.width, args.depth), num_stages=stages, num_microbatches=m,
+            try:
+                base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+                tf.config.experimental.reset_memory_stats("CPU:0")
+            except ValueError:  # the default (non-BFC) CPU allocator keeps no statistics
+                base = None
+            # Built from a function: each rank materialises its own stage's weights only.
+            model = PipelineModel(lambda: build_model(args.width, args.depth), num_stages=stages, num_microbatches=m,
                                   schedule=sched, partition="uniform", verbose=False)
+            build_peak = -1 if base is None else tf.config.experimental.get_memory_info("CPU:0")["peak"] - base
+            held = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.held_variables)
+            full = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.unpartitioned.variables)
             model.compile(optimizer="sgd", loss=loss)
             model.pipeline_gradients(x, y)  # warm-up: traces the stage functions
             times, bubbles = [], []
@@ -68,7 +81,7 @@ def main() -> None:
                 bubbles.append(stats.waiting_seconds / max(stats.seconds, 1e-9))
             stats = model._runner.stats
             mine = tf.constant([[statistics.median(bubbles), stats.peak_held, stats.peak_held_bytes,
-                                 statistics.median(times)]], tf.float64)
+                                 statistics.median(times), held, build_peak]], tf.float64)
             everyone = sd.allgather(mine, name="bench.gather").numpy()
             if sd.rank() == 0:
                 per_stage = everyone[:stages]
@@ -81,6 +94,9 @@ def main() -> None:
                     "bubble_theory": round(schedule_lib.theoretical_bubble(stages, m), 3),
                     "peak_microbatches": [int(v) for v in per_stage[:, 1]],
                     "peak_activation_bytes": [int(v) for v in per_stage[:, 2]],
+                    "model_weight_bytes": full,
+                    "held_weight_bytes": [int(v) for v in per_stage[:, 4]],
+                    "build_peak_bytes": None if base is None else [int(v) for v in per_stage[:, 5]],
                 }), flush=True)
 
 

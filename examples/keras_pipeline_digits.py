@@ -3,8 +3,9 @@
     mpirun -np 2 python examples/keras_pipeline_digits.py             # 2 stages
     mpirun -np 4 python examples/keras_pipeline_digits.py --stages 2  # 2 stages x 2 replicas
 
-Every rank builds the same model and feeds the same data; PipelineModel runs this
-rank's stage, and the loss and accuracy printed are global.
+Every rank passes the same model-building function and feeds the same data;
+PipelineModel gives each rank only its own stage's weights and runs that stage, and
+the loss and accuracy printed are global.
 """
 
 from __future__ import annotations
@@ -45,15 +46,19 @@ def main() -> None:
     order = np.random.default_rng(0).permutation(len(x))
     train, test = order[:1536], order[1536:1536 + 256]
 
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((64,)),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(32, activation="relu"),
-        keras.layers.Dense(10),
-    ])
-    pipeline = PipelineModel(model, num_stages=args.stages or sd.size(), num_microbatches=args.microbatches,
+    def build_model() -> keras.Model:
+        # Called on every rank; only this rank's stage gets weight values. Seeded, so
+        # the weights are those of the same model built whole.
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([
+            keras.Input((64,)),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(10),
+        ])
+
+    pipeline = PipelineModel(build_model, num_stages=args.stages or sd.size(), num_microbatches=args.microbatches,
                              schedule=args.schedule)
     pipeline.compile(optimizer=keras.optimizers.Adam(0.005),
                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])

@@ -1,4 +1,4 @@
-"""Pipeline parallelism (PipelineModel, send/recv) across 2 and 4 ranks, and its example end to end."""
+"""Pipeline parallelism (PipelineModel, send/recv) across 2 and 4 ranks, a rank dying mid-step, and the example."""
 
 import re
 
@@ -9,7 +9,26 @@ from tests.mpi_harness import run_suite, run_under_mpi
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_pipeline_suite(np):
-    run_suite("suite_pipeline.py", np, timeout=300)
+    run_suite("suite_pipeline.py", np, timeout=450)
+
+
+@pytest.mark.parametrize("np,mode", [(2, "exit"), (4, "raise")])
+def test_rank_dying_mid_step_stops_every_rank(np, mode):
+    # Rank 1 ends inside its third step while stage 0 waits for its gradient (tests/mp/pipeline_rank_death.py).
+    code, out = run_under_mpi(np, ["tests/mp/pipeline_rank_death.py", mode], timeout=180)
+    assert code != 124, f"a rank hung after rank 1 died:\n{out[-5000:]}"
+    assert f"rank 1: dying ({mode})" in out, out[-5000:]
+    assert "finished" not in out, out[-5000:]
+    if mode == "exit":
+        # A hard death (no MPI finalize): the launcher stops the others, the job fails with its code.
+        assert code == 3, out[-5000:]
+    else:
+        # Rank 1's Python cleanup stops its engine: every other rank's pending receive or
+        # collective fails at once, naming it, whether or not it talks to rank 1 directly.
+        assert code != 0, out[-5000:]
+        for r in range(np):
+            if r != 1:
+                assert re.search(rf"^rank {r}: AbortedError: .*shutdown\(\) called on rank 1", out, re.M), out[-5000:]
 
 
 def test_pipeline_digits_example_two_ranks():

@@ -67,9 +67,16 @@ class ModelGraph:
                 live.append(t)
         return live
 
-    def run(self, calls: list[LayerCall], in_ids: list[int], in_values: list, out_ids: list[int], training: bool) -> list:
-        """Executes ``calls`` on tensors ``in_values`` (named ``in_ids``); returns ``out_ids``' values."""
+    def run(self, calls: list[LayerCall], in_ids: list[int], in_values: list, out_ids: list[int],
+            training: bool) -> tuple[list, list]:
+        """Executes ``calls`` on tensors ``in_values`` (named ``in_ids``).
+
+        Returns:
+            ``out_ids``' values, and the losses the calls added (activity regularizers,
+            ``add_loss`` in ``call``), which the unpartitioned model would report in ``model.losses``.
+        """
         values = dict(zip(in_ids, in_values))
+        added = []
         for call in calls:
             args, kwargs = call.node.arguments.fill_in(values)
             if getattr(call.layer, "_call_has_training_arg", False):
@@ -78,4 +85,8 @@ class ModelGraph:
             flat = keras.tree.flatten(outputs)
             for tid, value in zip(call.outputs, flat):
                 values[tid] = value
-        return [values[t] for t in out_ids]
+            # Each call here is a top-level Keras call, which clears the layer's losses
+            # first: collect them now, before a second call of a shared layer drops them.
+            for layer in call.layer._flatten_layers():
+                added.extend(layer._get_own_losses())
+        return [values[t] for t in out_ids], added

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Union
 
 import keras
 import numpy as np
@@ -13,12 +13,19 @@ import smdist_tf as sd
 from smdist_tf.pipeline import partition as partition_lib
 from smdist_tf.pipeline import schedule as schedule_lib
 from smdist_tf.pipeline import topology as topology_lib
+from smdist_tf.pipeline import weights as weights_lib
+from smdist_tf.pipeline.exchange import GroupPlan, from_bytes, to_bytes
 from smdist_tf.pipeline.gradient_sync import GradientSync
 from smdist_tf.pipeline.graph import ModelGraph
-from smdist_tf.pipeline.stage import StageRunner
+from smdist_tf.pipeline.point_to_point import recv, send
+from smdist_tf.pipeline.stage import TAG_CHECKPOINT, StageRunner
 
 _MOVABLE = (tf.bool, tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64)
 _REDUCIBLE = _MOVABLE[1:]
+# Loss reductions a microbatched step reproduces exactly (see PipelineModel._loss_factors).
+_REDUCTIONS = ("sum_over_batch_size", "mean", "sum", "mean_with_sample_weight")
+
+ModelOrBuilder = Union[keras.Model, Callable[[], keras.Model]]
 
 
 def _as_list(x: Any) -> list:
@@ -27,20 +34,35 @@ def _as_list(x: Any) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-class PipelineModel(keras.Model):
-    """Runs ``model`` as a pipeline of ``num_stages`` stages, each replicated ``size() / num_stages`` times.
+class _FunctionLoss(keras.losses.Loss):
+    """A per-sample loss function as a Keras ``Loss`` (mean over the batch, sample weights applied), as ``compile`` does."""
 
-    Every rank builds the same unpartitioned Keras model and wraps it; rank ``r`` runs
-    stage ``r % num_stages`` of pipeline ``r // num_stages``. Each global batch is split
-    over the data-parallel replicas and then into ``num_microbatches`` microbatches that
-    flow through the stages under the chosen schedule. Gradients equal the unpartitioned
-    model's on the global batch; the loss, metrics and predictions every rank sees are
-    the global values.
+    def __init__(self, fn: Callable):
+        super().__init__(name=getattr(fn, "__name__", "loss"), reduction="sum_over_batch_size")
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
+
+
+class PipelineModel(keras.Model):
+    """Runs a Keras model as a pipeline of ``num_stages`` stages, each replicated ``size() / num_stages`` times.
+
+    Rank ``r`` runs stage ``r % num_stages`` of pipeline ``r // num_stages`` and holds
+    only the weights its stage uses. Each global batch is split over the data-parallel
+    replicas and then into ``num_microbatches`` microbatches that flow through the stages
+    under the chosen schedule. Loss and gradients equal the unpartitioned model's on the
+    global batch (sample weights, regularization losses and loss scaling included); the
+    loss, metrics and predictions every rank sees are the global values.
 
     Args:
-        model: a Sequential (starting with ``keras.Input``) or functional Keras model. Skip
-            connections may cross stages; a layer called in several stages (tied weights)
-            is replicated there, its gradients summed over those stages.
+        model: a function that builds the model (recommended: it is called on every rank
+            and only this rank's stage gets weight values, so no rank ever holds the whole
+            model), or a built model (every rank then holds the whole model until it is
+            wrapped; the weights of other stages are released here). A Sequential (starting
+            with ``keras.Input``) or functional model. Skip connections may cross stages; a
+            layer called in several stages (tied weights) is held by each of them, its
+            gradients summed over them.
         num_stages: pipeline stages; the world size must be a multiple of it.
         num_microbatches: microbatches per replica batch; the global batch must divide
             by ``num_microbatches × dp_size``.
@@ -52,29 +74,45 @@ class PipelineModel(keras.Model):
         recompute: hold only stage inputs and recompute the forward during the backward.
         verbose: print the stage summary on rank 0.
         name: model name.
+
+    Raises:
+        ValueError: bad stage count, partition, schedule or microbatch count (on every rank).
+        TypeError: ``model`` is neither a Keras model nor a function returning one.
     """
 
-    def __init__(self, model: keras.Model, num_stages: int, num_microbatches: int, schedule: str = "1f1b",
+    def __init__(self, model: ModelOrBuilder, num_stages: int, num_microbatches: int, schedule: str = "1f1b",
                  partition: partition_lib.PartitionSpec = "auto", recompute: bool = False,
                  verbose: bool = True, name: Optional[str] = None):
-        super().__init__(name=name or f"pipeline_{model.name}")
         if not isinstance(num_microbatches, int) or num_microbatches < 1:
             raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
         if schedule not in schedule_lib.SCHEDULES:
             raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(schedule_lib.SCHEDULES)}")
-        self.topology = topology_lib.PipelineTopology(sd.rank(), sd.size(), int(num_stages))
-        topology_lib.set_current(self.topology)
-        self.unpartitioned = model
-        self.num_stages, self.num_microbatches, self.schedule = int(num_stages), num_microbatches, schedule
+        topology = topology_lib.PipelineTopology(sd.rank(), sd.size(), int(num_stages))
+        scope = None
+        if isinstance(model, keras.Model):
+            built = model
+        elif callable(model):
+            # Declared, not allocated: only this stage's variables get values below.
+            built, scope = weights_lib.build_deferred(model)
+        else:
+            raise TypeError(f"PipelineModel takes a keras.Model or a function building one, got {type(model).__name__}")
+        model = built
         graph = ModelGraph(model)
-        self._graph = graph
         calls = graph.calls
         names = [c.layer.name for c in calls]
         params = [sum(int(np.prod(v.shape)) for v in c.layer.trainable_variables) for c in calls]
-        sizes = partition_lib.resolve(partition, names, params, self.num_stages)
+        sizes = partition_lib.resolve(partition, names, params, int(num_stages))
+
+        super().__init__(name=name or f"pipeline_{model.name}")
+        self.topology = topology
+        topology_lib.set_current(self.topology)
+        self.unpartitioned = model
+        self.num_stages, self.num_microbatches, self.schedule = int(num_stages), num_microbatches, schedule
+        self._graph = graph
         self.stage_bounds = [(sum(sizes[:s]), sum(sizes[:s + 1])) for s in range(self.num_stages)]
 
-        # Which stages use each variable (tied weights are used by several).
+        # Which stages use each variable (tied weights are used by several); a variable
+        # no layer call owns stays with stage 0.
         stage_of_layer: dict[int, list[int]] = {}
         for s, (a, b) in enumerate(self.stage_bounds):
             for c in calls[a:b]:
@@ -84,26 +122,78 @@ class PipelineModel(keras.Model):
         self._variable_stages: dict[int, list[int]] = {}
         for c in calls:
             for v in c.layer.variables:
-                self._variable_stages[id(v)] = stage_of_layer[id(c.layer)]
+                self._variable_stages.setdefault(id(v), stage_of_layer[id(c.layer)])
+        for v in model.variables:
+            self._variable_stages.setdefault(id(v), [0])
 
         s = self.topology.pp_rank
         a, b = self.stage_bounds[s]
         in_ids = graph.input_ids if s == 0 else graph.live_after(a)
         out_ids = graph.output_ids if s == self.num_stages - 1 else graph.live_after(b)
-        stage_layers = {id(c.layer) for c in calls[a:b]}
-        stage_vars = [v for v in model.trainable_variables if any(id(v) == id(w) for c in calls[a:b] for w in c.layer.trainable_variables)]
-        self._stage_layer_ids = stage_layers
-        self._runner = StageRunner(graph, calls[a:b], in_ids, out_ids, s, self.topology, stage_vars, recompute)
-        users = {id(v): len(self._variable_stages.get(id(v), [s])) for v in model.trainable_variables}
-        self._sync = GradientSync(model.trainable_variables, stage_vars, users, self.topology.dp_size)
-        self._verify_batch = True
+        self._stage_layer_ids = {id(c.layer) for c in calls[a:b]}
+        self._materialize(scope)
 
-        # Every rank starts from rank 0's weights (tied copies included).
-        sd.broadcast_variables([v for v in model.variables if tf.as_dtype(v.dtype) in _MOVABLE], root_rank=0,
-                               name="pipeline.initial_weights")
+        stage_ids = {id(w) for c in calls[a:b] for w in c.layer.trainable_variables}
+        stage_vars = [v for v in model.trainable_variables if id(v) in stage_ids]
+        self._runner = StageRunner(graph, calls[a:b], in_ids, out_ids, s, self.topology, stage_vars, recompute)
+        # A tied variable's regularizer counts once, in the first stage using it.
+        self._runner.regularized = [v for v in stage_vars if getattr(v, "regularizer", None) is not None
+                                    and min(self._variable_stages[id(v)]) == s]
+        position = {id(v): k for k, v in enumerate(stage_vars)}
+        trainable = model.trainable_variables
+        self._sync = GradientSync(self._plan(trainable, [position.get(id(v)) for v in trainable]), self.topology.dp_size)
+        self._verify_batch = True
         self.built = True
         if verbose and sd.rank() == 0:
             print(self.stage_summary(), flush=True)
+
+    # -- which weights this rank holds -------------------------------------------------------------
+
+    def _holders(self, variable: Any) -> tuple:
+        """Ranks holding ``variable``: every replica of every stage using it, ascending."""
+        topo = self.topology
+        return tuple(sorted(dp * topo.pp_size + st for dp in range(topo.dp_size)
+                            for st in self._variable_stages[id(variable)]))
+
+    def _plan(self, variables: list, local: list) -> GroupPlan:
+        return GroupPlan([self._holders(v) for v in variables], [tf.as_dtype(v.dtype) for v in variables],
+                         [tuple(v.shape) for v in variables], local, sd.rank(), sd.size())
+
+    def _materialize(self, scope: Optional[keras.StatelessScope]) -> None:
+        """Gives this stage's variables values (same on all their holders) and no others."""
+        model, s = self.unpartitioned, self.topology.pp_rank
+        variables = model.variables
+        mine = [s in self._variable_stages[id(v)] for v in variables]
+        if scope is not None:
+            weights_lib.claim_deferred(variables)
+        elif getattr(model, "_smdist_released", False):
+            # Checked on a mark every rank set, so every rank raises (a per-variable check would not).
+            raise ValueError("this model was already wrapped in a PipelineModel, which released other stages' "
+                             "weights on each rank; wrap a freshly built model (or pass a function building it)")
+        elif self.num_stages > 1:
+            model._smdist_released = True
+        for v, held in zip(variables, mine):
+            if held:
+                if scope is not None:
+                    weights_lib.materialize(v, scope)
+            else:
+                # Deferred variables just get the guard; values a built model (or a function
+                # returning one) already has are dropped.
+                weights_lib.release(v, weights_lib.NotHeld(v.path, self._variable_stages[id(v)], sd.rank()))
+        # Replicas and tied copies start from their first holder's values.
+        held = [v for v, h in zip(variables, mine) if h]
+        index = {id(v): k for k, v in enumerate(held)}
+        plan = self._plan(variables, [index.get(id(v)) for v in variables])
+        if plan.needed:
+            values = [tf.convert_to_tensor(v) for v in held]
+            for v, old, new in zip(held, values, plan.broadcast(values, name="pipeline.initial_weights")):
+                if new is not old:
+                    v.assign(new)
+
+    @property
+    def held_variables(self) -> list:
+        """The unpartitioned model's variables this rank holds values for (its stage's, tied ones included)."""
+        return [v for v in self.unpartitioned.variables if weights_lib.is_held(v)]
 
     # -- topology --------------------------------------------------------------------------------
 
@@ -147,26 +237,34 @@ class PipelineModel(keras.Model):
     # -- Keras hooks -----------------------------------------------------------------------------
 
     def call(self, inputs, training=None):
-        # Used only symbolically (Keras builds metrics from it); real steps run the pipeline.
+        # Keras traces this symbolically to learn output shapes; real steps run the pipeline.
+        if tf.executing_eagerly():
+            raise RuntimeError("a PipelineModel is split over ranks: run it with fit/evaluate/predict "
+                               "(or pipeline_gradients), not by calling it")
         return self.unpartitioned(inputs, training=training)
 
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs) -> None:
-        """As ``keras.Model.compile``; the pipeline always runs its schedule eagerly around compiled stages."""
+        """As ``keras.Model.compile``; the pipeline always runs its schedule eagerly around compiled stages.
+
+        Raises:
+            ValueError: a loss whose reduction a microbatched step cannot reproduce
+                (``reduction=None``/``'none'``).
+        """
         kwargs.pop("run_eagerly", None)
         kwargs.pop("jit_compile", None)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, run_eagerly=True, jit_compile=False, **kwargs)
         if loss is None:
             self._runner.loss_fn = None
-        elif isinstance(loss, keras.losses.Loss):
-            self._runner.loss_fn = loss
         else:
-            fn = keras.losses.get(loss)
+            fn = loss if isinstance(loss, keras.losses.Loss) else keras.losses.get(loss)
             if fn is None:
                 raise ValueError(f"unknown loss {loss!r}")
-            if isinstance(fn, keras.losses.Loss):
-                self._runner.loss_fn = fn
-            else:  # a per-sample function: reduce like Keras' default (mean over the batch)
-                self._runner.loss_fn = lambda y_true, y_pred: keras.ops.mean(fn(y_true, y_pred))
+            if not isinstance(fn, keras.losses.Loss):
+                fn = _FunctionLoss(fn)  # a per-sample function: reduce like Keras' default (mean over the batch)
+            if fn.reduction not in _REDUCTIONS:
+                raise ValueError(f"PipelineModel needs a loss that reduces to a scalar ({', '.join(_REDUCTIONS)}); "
+                                 f"{fn.name} has reduction={fn.reduction!r}")
+            self._runner.loss_fn = fn
         if not self.optimizer.built:
             self.optimizer.build(self._runner.variables)
 
@@ -184,42 +282,65 @@ class PipelineModel(keras.Model):
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if sample_weight is not None:
-            raise ValueError("PipelineModel does not support sample weights yet")
-        loss, y_pred, grads = self._step(x, y, training=True)
+        scale = self._loss_scale()
+        loss, y_pred, grads = self._step(x, y, sample_weight, training=True, loss_scale=scale)
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            grads = self._agree_finite(grads)
         self.optimizer.apply(grads, self._runner.variables)
-        return self._logs(x, y, loss, y_pred)
+        return self._logs(x, y, loss, y_pred, sample_weight)
 
     def test_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if sample_weight is not None:
-            raise ValueError("PipelineModel does not support sample weights yet")
-        loss, y_pred, _ = self._step(x, y, training=False)
-        return self._logs(x, y, loss, y_pred)
+        loss, y_pred, _ = self._step(x, y, sample_weight, training=False)
+        return self._logs(x, y, loss, y_pred, sample_weight)
 
     def predict_step(self, data):
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        _, y_pred, _ = self._step(x, None, training=False)
+        _, y_pred, _ = self._step(x, None, None, training=False)
         return y_pred
 
-    def _logs(self, x, y, loss, y_pred) -> dict:
+    def _logs(self, x, y, loss, y_pred, sample_weight) -> dict:
         batch = int(tf.shape(_as_list(x)[0])[0])
         self._loss_tracker.update_state(loss, sample_weight=batch)
-        return self.compute_metrics(x, y, y_pred, sample_weight=None)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _loss_scale(self) -> tf.Tensor:
+        """What the optimizer multiplies the loss by before differentiating (LossScaleOptimizer, ``loss_scale_factor``)."""
+        if self.optimizer is None:
+            return tf.constant(1.0, tf.float32)
+        return tf.cast(self.optimizer.scale_loss(tf.constant(1.0, tf.float32)), tf.float32)
+
+    def _agree_finite(self, grads: list) -> list:
+        """Every rank's LossScaleOptimizer must skip a step together.
+
+        Each rank holds other gradients, so its optimizer's own finiteness check can
+        differ; a skip on some ranks only would split the weights and the loss scales.
+        One world allreduce-MIN decides; a rank that must skip feeds its optimizer
+        non-finite gradients, which make it take its skip branch (halving the scale).
+        """
+        local = all(bool(tf.reduce_all(tf.math.is_finite(g))) for g in grads)
+        agreed = sd.allreduce(tf.constant(int(local), tf.int32), op=sd.Min, name="pipeline.grads_finite")
+        if int(agreed):
+            return grads
+        return [tf.fill(tf.shape(g), tf.constant(float("nan"), g.dtype)) for g in grads]
 
     # -- the pipeline step -----------------------------------------------------------------------
 
-    def pipeline_gradients(self, x, y) -> tuple[tf.Tensor, list]:
+    def pipeline_gradients(self, x, y, sample_weight=None) -> tuple[tf.Tensor, list]:
         """Runs one training schedule without applying it.
+
+        The optimizer's loss scale (mixed precision) is applied during the step, as in
+        ``fit``, and divided out of the returned gradients.
 
         Returns:
             ``(global loss, [(variable, gradient), ...])`` for this rank's stage variables,
             after data-parallel averaging and tied-weight summation.
         """
-        loss, _, grads = self._step(x, y, training=True)
-        return loss, list(zip(self._runner.variables, grads))
+        scale = self._loss_scale()
+        loss, _, grads = self._step(x, y, sample_weight, training=True, loss_scale=scale)
+        return loss, [(v, g / tf.cast(scale, g.dtype)) for v, g in zip(self._runner.variables, grads)]
 
-    def _check_batch(self, x: list, y: Any, batch: int) -> None:
+    def _check_batch(self, x: list, y: Any, sample_weight: Any, batch: int) -> None:
         """Every rank must hold the same global batch: data goes to the first stage, labels to the last."""
         divisor = self.num_microbatches * self.topology.dp_size
         if batch % divisor != 0:
@@ -228,29 +349,64 @@ class PipelineModel(keras.Model):
         if not self._verify_batch:
             return
         self._verify_batch = False
-        parts = [tf.reduce_sum(tf.cast(t, tf.float64)) for t in x + ([] if y is None else _as_list(y))]
+        tensors = x + ([] if y is None else _as_list(y)) + ([] if sample_weight is None else [sample_weight])
+        parts = [tf.reduce_sum(tf.cast(t, tf.float64)) for t in tensors]
         checksum = tf.stack([tf.constant(float(batch), tf.float64)] + parts)
         everyone = sd.allgather(checksum[None], name="pipeline.batch_check").numpy()
         if not np.allclose(everyone, everyone[0:1], rtol=1e-9, atol=0.0):
             raise ValueError("ranks were given different batches: every rank must feed PipelineModel the same "
                              "data in the same order (same dataset, same shuffle seed)")
 
-    def _step(self, x, y, training: bool):
+    def _loss_factors(self, sample_weight: Optional[tf.Tensor], start: int, micro: int) -> list[float]:
+        """Weight of each microbatch's loss in this replica's objective.
+
+        The replica objectives are averaged over the ``d`` replicas (as the gradients
+        are), so microbatch ``k``'s loss ``L_k`` gets the weight that makes
+        ``(1/d) Σ_replicas Σ_k w_k L_k`` the loss of the whole global batch:
+        ``1/m`` for a mean over the batch (every microbatch has the same size), ``d`` for
+        a sum, and ``d · W_k / W`` for ``mean_with_sample_weight`` (``W_k``: the sample
+        weights of microbatch ``k``, ``W``: of the global batch).
+        """
+        m, d = self.num_microbatches, self.topology.dp_size
+        loss_fn = self._runner.loss_fn
+        reduction = getattr(loss_fn, "reduction", "sum_over_batch_size")
+        if reduction == "sum":
+            return [float(d)] * m
+        if reduction == "mean_with_sample_weight" and sample_weight is not None:
+            w = tf.cast(sample_weight, tf.float64)
+            total = float(tf.reduce_sum(w))
+            parts = [float(tf.reduce_sum(w[start + i * micro:start + (i + 1) * micro])) for i in range(m)]
+            return [d * p / total if total else 0.0 for p in parts]
+        return [1.0 / m] * m
+
+    def _step(self, x, y, sample_weight, training: bool, loss_scale: Optional[tf.Tensor] = None):
         x = [tf.convert_to_tensor(t) for t in _as_list(x)]
+        if sample_weight is not None:
+            if isinstance(sample_weight, (list, tuple, dict)):
+                raise ValueError("PipelineModel takes sample weights as one tensor (one weight per sample)")
+            sample_weight = tf.convert_to_tensor(sample_weight)
         batch = int(tf.shape(x[0])[0])
-        self._check_batch(x, y, batch)
+        self._check_batch(x, y, sample_weight, batch)
         runner, m, topo = self._runner, self.num_microbatches, self.topology
         if runner.is_last and y is not None and runner.loss_fn is None:
             raise ValueError("compile the PipelineModel with a loss before fit/evaluate")
+        scale = tf.constant(1.0, tf.float32) if loss_scale is None else loss_scale
         shard = batch // topo.dp_size
         start = topo.dp_rank * shard
         micro = shard // m
+
+        def split(t):
+            return [t[start + i * micro:start + (i + 1) * micro] for i in range(m)]
+
         x_mbs = [[t[start + i * micro:start + (i + 1) * micro] for t in x] for i in range(m)]
-        y_mbs = [None] * m
+        y_mbs, w_mbs = [None] * m, [None] * m
         if y is not None:
-            ys = [tf.convert_to_tensor(t) for t in _as_list(y)]
-            y_mbs = [[t[start + i * micro:start + (i + 1) * micro] for t in ys] for i in range(m)]
+            ys = [split(tf.convert_to_tensor(t)) for t in _as_list(y)]
+            y_mbs = [[ys[k][i] for k in range(len(ys))] for i in range(m)]
             y_mbs = [v[0] if not isinstance(y, (list, tuple)) else v for v in y_mbs]
+            if sample_weight is not None:
+                w_mbs = split(sample_weight)
+        factors = self._loss_factors(sample_weight, start, micro)
         runner.begin_step(m)
         if training:
             actions = schedule_lib.build(self.schedule, runner.stage, self.num_stages, m)
@@ -258,21 +414,30 @@ class PipelineModel(keras.Model):
             actions = [schedule_lib.Action("F", i) for i in range(m)]
         began = tf.timestamp()
         for action in actions:
+            i = action.microbatch
             if action.kind == "F":
-                runner.forward(action.microbatch, x_mbs[action.microbatch] if runner.is_first else None,
-                               y_mbs[action.microbatch] if runner.is_last else None, training)
+                runner.forward(i, x_mbs[i] if runner.is_first else None, y_mbs[i] if runner.is_last else None,
+                               w_mbs[i] if runner.is_last else None, factors[i], training)
             else:
-                runner.backward(action.microbatch)
+                runner.backward(i, scale)
         runner.stats.seconds = float(tf.timestamp() - began)
+        regularization, reg_grads = runner.regularization(scale, training)
         grads = None
         if training:
             grads = runner.var_grads if runner.var_grads is not None else [tf.zeros_like(v) for v in runner.variables]
+            if reg_grads:
+                grads = [g + r for g, r in zip(grads, reg_grads)]
             grads = self._sync(grads)
-        loss, y_pred = self._share_outputs(batch, start, shard, with_loss=y is not None)
+        local_loss = tf.add_n([runner.objectives[i] for i in range(m)]) + regularization
+        loss, y_pred = self._share_outputs(batch, start, shard, local_loss)
         return loss, y_pred, grads
 
-    def _share_outputs(self, batch: int, start: int, shard: int, with_loss: bool):
-        """Global loss and the whole batch's predictions on every rank (one fused world allreduce)."""
+    def _share_outputs(self, batch: int, start: int, shard: int, local_loss: tf.Tensor):
+        """Global loss and the whole batch's predictions on every rank (one fused world allreduce).
+
+        Every rank adds its share of the objective (the loss on the last stage, added and
+        regularization losses on any); replicas' shares are averaged.
+        """
         runner, d = self._runner, self.topology.dp_size
         tensors = []
         for k, t in enumerate(self._graph.output_ids):
@@ -288,40 +453,128 @@ class PipelineModel(keras.Model):
             else:
                 full = tf.zeros([batch] + tail, dtype)
             tensors.append(tf.cast(full, tf.float32) if dtype not in _REDUCIBLE else full)
-        loss = tf.zeros([], tf.float32)
-        if runner.is_last and with_loss:
-            loss = tf.add_n([runner.losses[i] for i in range(self.num_microbatches)]) / self.num_microbatches
-        reduced = sd.grouped_allreduce([loss] + tensors, op=sd.Sum, name="pipeline.outputs")
+        reduced = sd.grouped_allreduce([tf.cast(local_loss, tf.float32)] + tensors, op=sd.Sum, name="pipeline.outputs")
         outputs = [tf.cast(r, tf.as_dtype(self._graph.tensors[t].dtype)) for r, t in zip(reduced[1:], self._graph.output_ids)]
         return reduced[0] / d, outputs[0] if len(outputs) == 1 else outputs
 
     # -- checkpoints -----------------------------------------------------------------------------
 
     def gather_weights(self) -> None:
-        """Copies every stage's current weights into every rank's unpartitioned model (collective)."""
-        topo = self.topology
-        variables = [v for v in self.unpartitioned.variables if tf.as_dtype(v.dtype) in _REDUCIBLE]
+        """Gives every rank's unpartitioned model every stage's current weights (collective).
+
+        This materialises the **whole** model on every rank, undoing the per-stage memory
+        saving; use it to export or inspect a model that fits. ``save_weights`` does not need it.
+        """
+        variables = self.unpartitioned.variables
         values = []
         for v in variables:
-            owner = self._variable_stages.get(id(v), [0])[0]
-            mine = topo.pp_rank == owner and topo.dp_rank == 0
-            values.append(tf.convert_to_tensor(v) if mine else tf.zeros(v.shape, v.dtype))
+            nbytes = int(np.prod(v.shape, dtype=np.int64)) * tf.as_dtype(v.dtype).size
+            first = self._holders(v)[0] == sd.rank()
+            values.append(to_bytes(tf.convert_to_tensor(v)) if first else tf.zeros([nbytes], tf.uint8))
+        # Bytes summed with zeros from every rank but the first holder: an exact copy, any dtype.
         for v, value in zip(variables, sd.grouped_allreduce(values, op=sd.Sum, name="pipeline.gather_weights")):
-            v.assign(value)
+            weights_lib.set_value(v, from_bytes(value, v.dtype, v.shape))
+        self.unpartitioned._smdist_released = False  # whole again: it may be wrapped anew
+
+    @staticmethod
+    def _check_h5(filepath: Union[str, os.PathLike]) -> str:
+        path = os.fspath(filepath)
+        if not path.endswith(".weights.h5"):
+            raise ValueError(f"PipelineModel checkpoints are Keras .weights.h5 files; got {path!r}")
+        return path
 
     def save_weights(self, filepath: Union[str, os.PathLike], overwrite: bool = True, **kwargs) -> None:
-        """Saves the unpartitioned model's weights (a ``.weights.h5`` file any stage count can load).
+        """Saves the unpartitioned model's weights (a ``.weights.h5`` file any stage count, or plain Keras, loads).
 
-        Collective: call it on every rank; rank 0 writes the file.
+        Collective: call it on every rank. Each variable travels from its first holder to
+        rank 0, which writes it; no rank ever holds more than its own stage plus one
+        variable.
+
+        Raises:
+            ValueError: a path not ending in ``.weights.h5``, or unsupported options (``max_shard_size``).
+            FileExistsError: ``overwrite=False`` and the file exists.
         """
-        self.gather_weights()
-        if sd.rank() == 0:
-            self.unpartitioned.save_weights(filepath, overwrite=overwrite, **kwargs)
-        sd.barrier(name="pipeline.save_weights")
+        path = self._check_h5(filepath)
+        if kwargs:
+            raise ValueError(f"PipelineModel.save_weights does not support {sorted(kwargs)}")
+        exists = sd.broadcast_object(os.path.exists(path) if sd.rank() == 0 else None, name="pipeline.save_exists")
+        if exists and not overwrite:
+            raise FileExistsError(f"{path} exists and overwrite=False")
+        layout = weights_lib.checkpoint_layout(self.unpartitioned)
+        me, error = sd.rank(), None
+        if me != 0:
+            for entry in layout:
+                for _, v in entry.items:
+                    if self._holders(v)[0] == me:
+                        send([to_bytes(tf.convert_to_tensor(v))], 0, TAG_CHECKPOINT)
+        else:
+            from keras.src.saving.saving_lib import H5IOStore
 
-    def load_weights(self, filepath: Union[str, os.PathLike], **kwargs) -> None:
-        """Loads unpartitioned weights (saved with any number of stages, or by the plain Keras model) on every rank."""
-        self.unpartitioned.load_weights(filepath, **kwargs)
+            store = None
+            try:
+                store = H5IOStore(path, mode="w")
+            except Exception as e:  # noqa: BLE001 - reported to every rank below
+                error = e
+            for entry in layout:
+                if error is None:
+                    try:
+                        store.make(entry.path, metadata=entry.metadata)
+                    except Exception as e:  # noqa: BLE001
+                        error = e
+                for key, v in entry.items:
+                    owner = self._holders(v)[0]
+                    # Receive even after a write failed: no message may stay behind for a later save.
+                    if owner == 0:
+                        value = tf.convert_to_tensor(v)
+                    else:
+                        value = from_bytes(recv([tf.uint8], owner, TAG_CHECKPOINT)[0], v.dtype, v.shape)
+                    if error is None:
+                        try:
+                            store[key] = value.numpy()
+                        except Exception as e:  # noqa: BLE001
+                            error = e
+            if store is not None:
+                store.close()
+        # Collective: every rank learns whether rank 0 wrote the file.
+        failure = sd.broadcast_object(None if error is None else f"{type(error).__name__}: {error}",
+                                      name="pipeline.save_weights")
+        if error is not None:
+            raise error
+        if failure is not None:
+            raise OSError(f"rank 0 could not write {path}: {failure}")
+
+    def load_weights(self, filepath: Union[str, os.PathLike], skip_mismatch: bool = False, **kwargs) -> None:
+        """Loads an unpartitioned ``.weights.h5`` file (saved with any stage count, or by plain Keras).
+
+        Every rank reads the datasets of the variables it holds, nothing else. Not
+        collective. Every rank checks the whole file first, so a mismatch raises on all.
+
+        Raises:
+            ValueError: the file lacks a variable or has another shape for it.
+        """
+        path = self._check_h5(filepath)
+        if skip_mismatch or kwargs:
+            raise ValueError("PipelineModel.load_weights does not support skip_mismatch or other options")
+        from keras.src.saving.saving_lib import H5IOStore
+
+        layout = weights_lib.checkpoint_layout(self.unpartitioned)
+        store = H5IOStore(path, mode="r")
+        try:
+            for entry in layout:
+                store.get(entry.path)
+                for key, v in entry.items:
+                    if key not in store:
+                        raise ValueError(f"{path} has no weight {entry.path}/vars/{key} for {v.path}")
+                    shape = tuple(store._h5_entry_group[key].shape)
+                    if shape != tuple(v.shape):
+                        raise ValueError(f"{path}: {entry.path}/vars/{key} has shape {shape}, {v.path} has {tuple(v.shape)}")
+            for entry in layout:
+                store.get(entry.path)
+                for key, v in entry.items:
+                    if weights_lib.is_held(v):
+                        v.assign(store[key])
+        finally:
+            store.close()
 
     def _stage_file(self, directory: Union[str, os.PathLike]) -> str:
         return os.path.join(os.fspath(directory), f"stage-{self.topology.pp_rank}-of-{self.num_stages}.npz")

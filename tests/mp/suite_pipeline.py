@@ -6,6 +6,7 @@ runs on every rank in the same order, so collectives and messages pair up.
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 
@@ -17,6 +18,7 @@ import smdist_tf as sd
 from smdist_tf import pipeline
 from smdist_tf.keras import PipelineModel
 from smdist_tf.pipeline import partition, schedule
+from smdist_tf.pipeline.exchange import GroupPlan, from_bytes, to_bytes
 
 RANK, SIZE = sd.rank(), sd.size()
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -69,6 +71,37 @@ def reference(model_fn, x, y):
     return float(loss), tape.gradient(loss, model.trainable_variables)
 
 
+def regularized_model(seed: int = 10) -> keras.Model:
+    """Weight regularizers (one on a layer tied across stages) and an activity regularizer."""
+    keras.utils.set_random_seed(seed)
+    l2 = keras.regularizers.L2
+    shared = keras.layers.Dense(8, activation="tanh", kernel_regularizer=l2(0.01), name="shared")
+    inp = keras.Input((8,))
+    h = shared(inp)
+    h = keras.layers.Dense(8, activation="tanh", kernel_regularizer=keras.regularizers.L1(0.01),
+                           bias_regularizer=l2(0.1), name="mid1")(h)
+    h = keras.layers.Dense(8, activation="tanh", activity_regularizer=l2(0.05), name="mid2")(h)
+    h = shared(h)
+    return keras.Model(inp, keras.layers.Dense(3, kernel_regularizer=l2(0.02), name="head")(h))
+
+
+def elements(variables) -> int:
+    return sum(int(np.prod(v.shape)) for v in variables)
+
+
+def held_elements(pm: PipelineModel) -> int:
+    """Elements of the unpartitioned model's variables that have a value in this process (Keras' own state)."""
+    return elements(v for v in pm.unpartitioned.variables if v._value is not None)
+
+
+def assert_gradients_match(test, pm, loss, pairs, want_loss, want_grads, where=""):
+    test.assertAllClose(float(loss), want_loss, rtol=1e-5, msg=where)
+    positions = [id(v) for v in pm.unpartitioned.trainable_variables]
+    for variable, grad in pairs:
+        test.assertAllClose(grad, want_grads[positions.index(id(variable))], rtol=1e-4, atol=1e-6,
+                            msg=f"{where}: {variable.path}")
+
+
 class PointToPointTest(tf.test.TestCase):
     def test_ring_exchange_with_changing_shapes_both_sending_first(self):
         right, left = (RANK + 1) % SIZE, (RANK - 1) % SIZE
@@ -114,6 +147,51 @@ class PointToPointTest(tf.test.TestCase):
             pipeline.recv([tf.float32], RANK, tag=5)
 
 
+class GroupExchangeTest(tf.test.TestCase):
+    """Sums and broadcasts within groups of ranks (gradient sync, initial weights) through two alltoalls."""
+
+    SPECS = [  # (holders, dtype, shape)
+        ((0, 1), tf.float32, (3, 5)),
+        (tuple(range(SIZE)), tf.float16, (7,)),
+        ((1,), tf.float32, (2,)),  # held by one rank: never moves
+        ((0, SIZE - 1), tf.int32, (4,)),
+        (tuple(range(SIZE)), tf.float64, (0,)),
+        ((0, 1), tf.bfloat16, (1,)),
+        (tuple(range(1, SIZE)) or (1,), tf.float32, (2, 2)),
+    ]
+
+    def value(self, k, rank):
+        holders, dtype, shape = self.SPECS[k]
+        return tf.cast(tf.reshape(tf.range(int(np.prod(shape)), dtype=tf.float32), shape) + 10 * rank + k, dtype)
+
+    def test_sum_and_broadcast_within_groups(self):
+        mine = [k for k, (holders, _, _) in enumerate(self.SPECS) if RANK in holders]
+        # One round per group, and rounds of 8 bytes (variables split across many rounds).
+        for bucket in (64 << 20, 8):
+            plan = GroupPlan([h for h, _, _ in self.SPECS], [d for _, d, _ in self.SPECS],
+                             [s for _, _, s in self.SPECS],
+                             [mine.index(k) if k in mine else None for k in range(len(self.SPECS))], RANK, SIZE,
+                             bucket_bytes=bucket)
+            self.assertEqual(plan.rounds, 1 if bucket > 8 else 8)  # largest group: 15 float32, 2 per round
+            values = [self.value(k, RANK) for k in mine]
+            summed = plan.reduce(values, postscale=0.5)
+            first = plan.broadcast(values)
+            for got_sum, got_first, k in zip(summed, first, mine):
+                holders, dtype, shape = self.SPECS[k]
+                want = tf.add_n([tf.cast(self.value(k, r), tf.float64) for r in holders])
+                want = want * 0.5 if len(holders) > 1 else want
+                self.assertEqual((got_sum.dtype, tuple(got_sum.shape)), (dtype, shape))
+                self.assertAllClose(tf.cast(got_sum, tf.float64), want, msg=f"sum {k}, bucket {bucket}")
+                self.assertAllEqual(got_first, self.value(k, holders[0]), msg=f"broadcast {k}, bucket {bucket}")
+
+    def test_bytes_round_trip_every_dtype(self):
+        for dtype in (tf.bool, tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64):
+            value = tf.cast(tf.reshape(tf.range(6) % 3, [2, 3]), dtype)
+            data = to_bytes(value)
+            self.assertEqual((data.dtype, int(data.shape[0])), (tf.uint8, 6 * dtype.size))
+            self.assertAllEqual(from_bytes(data, dtype, [2, 3]), value)
+
+
 class ScheduleAndPartitionTest(tf.test.TestCase):
     def test_schedules_hold_at_most_their_bound(self):
         for p in (2, 4):
@@ -148,9 +226,11 @@ class PipelineGradientTest(tf.test.TestCase):
         want_loss, want_grads = reference(model_fn, x, y)
         for stages, replicas in CONFIGS:
             for sched in ("1f1b", "gpipe"):
-                inner = model_fn()
-                pm = PipelineModel(inner, num_stages=stages, num_microbatches=2, schedule=sched, partition=part,
-                                   verbose=False)
+                # Both ways of giving the model: a function (each rank builds only its
+                # stage's weights) and a built model (other stages' weights released).
+                pm = PipelineModel(model_fn if sched == "1f1b" else model_fn(), num_stages=stages, num_microbatches=2,
+                                   schedule=sched, partition=part, verbose=False)
+                inner = pm.unpartitioned
                 self.assertEqual((pm.pp_size(), pm.dp_size()), (stages, replicas))
                 pm.compile(optimizer="sgd", loss=LOSS)
                 loss, pairs = pm.pipeline_gradients(x, y)
@@ -217,28 +297,235 @@ class PipelineTrainingTest(tf.test.TestCase):
         x, y = data(16, seed=6)
         directory = sd.broadcast_object(tempfile.mkdtemp(prefix="pipeline-ckpt-") if RANK == 0 else None)
         path = os.path.join(directory, "two-stages.weights.h5")
-        pm = PipelineModel(mlp(), num_stages=2, num_microbatches=2, verbose=False)
+        pm = PipelineModel(mlp, num_stages=2, num_microbatches=2, verbose=False)
         pm.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
         pm.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        held = held_elements(pm)
         pm.save_weights(path)
+        self.assertEqual(held_elements(pm), held, "saving must stream the weights, not materialise them")
         stage_file = pm.save_stage_weights(directory)
         expected = pm.predict(x, batch_size=8, verbose=0)
         plain = mlp(seed=99)
-        plain.load_weights(path)
+        plain.load_weights(path)  # plain Keras reads the file
         self.assertAllClose(plain.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-6)
         for stages in [1, 2, 4]:
             if SIZE % stages or stages > 4:
                 continue
-            other = PipelineModel(mlp(seed=50 + stages), num_stages=stages, num_microbatches=2, verbose=False)
+            # Built by a function (only this stage's weights) or built whole (then released).
+            builder = (lambda: mlp(seed=50 + stages)) if stages != 2 else mlp(seed=52)
+            other = PipelineModel(builder, num_stages=stages, num_microbatches=2, verbose=False)
             other.compile(loss=LOSS)
             other.load_weights(path)
             self.assertAllClose(other.predict(x, batch_size=8, verbose=0), expected, rtol=1e-5, atol=1e-6,
                                 msg=f"{stages} stages")
+        # A file plain Keras wrote loads into a pipeline.
+        own = os.path.join(directory, f"plain-{RANK}.weights.h5")
+        plain.save_weights(own)
+        from_plain = PipelineModel(lambda: mlp(seed=97), num_stages=SIZE, num_microbatches=2, verbose=False)
+        from_plain.compile(loss=LOSS)
+        from_plain.load_weights(own)
+        self.assertAllClose(from_plain.predict(x, batch_size=8, verbose=0), expected, rtol=1e-5, atol=1e-6)
         again = PipelineModel(mlp(seed=98), num_stages=2, num_microbatches=2, verbose=False)
         again.compile(loss=LOSS)
         again.load_stage_weights(directory)
         self.assertTrue(os.path.exists(stage_file))
         self.assertAllClose(again.predict(x, batch_size=8, verbose=0), expected, rtol=1e-5, atol=1e-6)
+        # gather_weights materialises the whole model on every rank, which can then run it alone.
+        pm.gather_weights()
+        self.assertEqual(held_elements(pm), elements(pm.unpartitioned.variables))
+        self.assertAllClose(pm.unpartitioned.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-6)
+
+    def test_checkpoint_errors_raise_everywhere(self):
+        directory = sd.broadcast_object(tempfile.mkdtemp(prefix="pipeline-bad-") if RANK == 0 else None)
+        path = os.path.join(directory, "narrow.weights.h5")
+        narrow = keras.Sequential([keras.Input((8,))] + [keras.layers.Dense(4) for _ in range(4)])
+        if RANK == 0:
+            narrow.save_weights(path)
+        sd.barrier(name="bad.written")
+        pm = PipelineModel(mlp, num_stages=SIZE, num_microbatches=2, verbose=False)
+        # Only some stages' layers differ, yet every rank checks the whole file and raises.
+        with self.assertRaisesRegex(ValueError, "has shape"):
+            pm.load_weights(path)
+        with self.assertRaisesRegex(ValueError, r"\.weights\.h5"):
+            pm.save_weights(os.path.join(directory, "model.keras"))
+        # Only rank 0 writes; when it cannot, every rank raises.
+        with self.assertRaises(OSError):
+            pm.save_weights(os.path.join(directory, "no-such-dir", "model.weights.h5"))
+        with self.assertRaisesRegex(FileExistsError, "overwrite=False"):
+            pm.save_weights(path, overwrite=False)
+        self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name="ckpt.healthy"), [SIZE])
+
+
+class PipelineMemoryTest(tf.test.TestCase):
+    """A rank holds its stage's weights only: counted in Keras' variables and in TensorFlow's allocator."""
+
+    # Many small layers: a layer's initialisation temporaries stay small next to a stage.
+    WIDTH, DEPTH = 128, 16
+
+    def wide(self) -> keras.Model:
+        keras.utils.set_random_seed(11)
+        return keras.Sequential([keras.Input((self.WIDTH,))]
+                                + [keras.layers.Dense(self.WIDTH, activation="tanh") for _ in range(self.DEPTH)])
+
+    def build_measured(self, make) -> tuple[PipelineModel, int, int]:
+        """Wraps what ``make()`` returns; returns the pipeline and the CPU allocator's (peak, current) growth in bytes."""
+        gc.collect()
+        base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        pm = PipelineModel(make(), num_stages=SIZE, num_microbatches=2, partition="uniform", verbose=False)
+        info = tf.config.experimental.get_memory_info("CPU:0")
+        return pm, info["peak"] - base, info["current"] - base
+
+    def test_model_fn_materialises_only_this_stage(self):
+        full = elements(self.wide().variables)
+        layer_bytes = (self.WIDTH * self.WIDTH + self.WIDTH) * 4
+        pm, peak, _ = self.build_measured(lambda: self.wide)
+        self.assertEqual(held_elements(pm), full // SIZE)
+        self.assertEqual(int(sd.allreduce(tf.constant(held_elements(pm), tf.int64), op=sd.Sum, name="mem.total")), full)
+        # The allocator never saw the whole model: the stage plus a layer's initialisation in flight.
+        self.assertLess(peak, full * 4 // SIZE + 4 * layer_bytes)
+        self.assertLess(peak, full * 4)
+        # Initial values are the unpartitioned model's.
+        for v, want in zip(pm.unpartitioned.variables, self.wide().variables):
+            if v._value is not None:
+                self.assertAllEqual(v, want, msg=v.path)
+        # Training (Keras traces the whole model for shapes inside fit) materialises nothing more;
+        # the optimizer holds state for this stage only.
+        x = np.random.default_rng(0).normal(size=(8, self.WIDTH)).astype(np.float32)
+        pm.compile(optimizer="adam", loss="mse")
+        pm.fit(x, x, batch_size=8, epochs=1, verbose=0)
+        self.assertEqual(held_elements(pm), full // SIZE)
+        slots = [v for v in pm.optimizer.variables if len(v.shape) > 0]
+        self.assertEqual(elements(slots), 2 * full // SIZE)
+        # Another stage's weight cannot be read by accident (no silent fresh initial values).
+        foreign = next(v for v in pm.unpartitioned.variables if v._value is None)
+        with self.assertRaisesRegex(RuntimeError, "does not hold it"):
+            foreign.numpy()
+        with self.assertRaisesRegex(RuntimeError, "split over ranks"):
+            pm(x)
+
+    def test_built_model_releases_other_stages(self):
+        full = elements(self.wide().variables)
+        layer_bytes = (self.WIDTH * self.WIDTH + self.WIDTH) * 4
+        pm, peak, current = self.build_measured(self.wide)
+        # Built whole (the allocator saw the full model), then only this stage is kept.
+        self.assertGreaterEqual(peak, full * 4)
+        self.assertEqual(held_elements(pm), full // SIZE)
+        self.assertLess(current, full * 4 // SIZE + 2 * layer_bytes)
+        with self.assertRaisesRegex(ValueError, "already wrapped"):
+            PipelineModel(pm.unpartitioned, num_stages=SIZE, num_microbatches=2, partition=[1] * (SIZE - 1)
+                          + [self.DEPTH - SIZE + 1], verbose=False)
+
+
+class PipelineMixedPrecisionTest(tf.test.TestCase):
+    """mixed_float16: float16 activations and gradients cross the cuts, the loss is scaled, steps skip together."""
+
+    def setUp(self):
+        super().setUp()
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        self.addCleanup(keras.mixed_precision.set_global_policy, "float32")
+
+    def test_gradients_and_fit_match_unpartitioned(self):
+        x, y = data(16, seed=8)
+        pm = PipelineModel(mlp, num_stages=SIZE, num_microbatches=2, verbose=False)
+        boundary = pm._runner.in_dtypes if pm.pp_rank() else pm._runner.out_dtypes
+        self.assertEqual(boundary, [tf.float16])
+        pm.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+        self.assertIsInstance(pm.optimizer, keras.optimizers.LossScaleOptimizer)
+        ref = mlp()
+        ref.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+        scale = float(pm.optimizer.scale_loss(1.0))
+        self.assertEqual(scale, 2.0 ** 15)
+        with tf.GradientTape() as tape:
+            want_loss = LOSS(y, ref(x))
+            scaled = want_loss * scale
+        want = [g / scale for g in tape.gradient(scaled, ref.trainable_variables)]
+        loss, pairs = pm.pipeline_gradients(x, y)
+        self.assertAllClose(float(loss), float(want_loss), rtol=1e-3)
+        positions = [id(v) for v in pm.unpartitioned.trainable_variables]
+        for variable, grad in pairs:
+            self.assertAllClose(grad, want[positions.index(id(variable))], rtol=1e-2, atol=1e-3, msg=variable.path)
+        got = pm.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0).history["loss"]
+        expected = ref.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0).history["loss"]
+        self.assertAllClose(got, expected, rtol=1e-2)
+        for v, r in zip(pm.unpartitioned.variables, ref.variables):
+            if v._value is not None:
+                self.assertAllClose(v, r, rtol=1e-2, atol=1e-3, msg=v.path)
+
+    def test_overflow_skips_the_step_on_every_rank(self):
+        x, y = data(16, seed=8)
+        pm = PipelineModel(mlp, num_stages=SIZE, num_microbatches=2, verbose=False)
+        pm.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0 ** 40),
+                   loss=LOSS)
+        before = [v.numpy() for v in pm.stage_variables]
+        pm.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        for v, b in zip(pm.stage_variables, before):
+            self.assertAllEqual(v, b)
+        scales = sd.allgather(tf.reshape(tf.convert_to_tensor(pm.optimizer.dynamic_scale), [1]), name="mp.scales")
+        self.assertAllEqual(scales, [2.0 ** 39] * SIZE)
+        # Only rank 1's gradients overflow: every rank still skips.
+        grads = [tf.constant([1.0, float("inf") if RANK == 1 else 2.0])]
+        self.assertTrue(np.isnan(pm._agree_finite(grads)[0].numpy()).all())
+        self.assertAllEqual(pm._agree_finite([tf.ones([2])])[0], [1.0, 1.0])
+
+
+class PipelineLossTermsTest(tf.test.TestCase):
+    """Sample weights and regularization losses give the unpartitioned model's loss and gradients."""
+
+    def test_sample_weights_match_unpartitioned(self):
+        x, y = data(16, seed=9)
+        # Uneven weights (some zero), so microbatches carry different total weight.
+        w = np.random.default_rng(9).uniform(0.0, 2.0, 16).astype(np.float32) * (np.arange(16) % 5 != 0)
+        # The replica count enters the weights of 'sum' and 'mean_with_sample_weight': the
+        # last configuration has 2 replicas (with 4 ranks).
+        for reduction, (stages, replicas) in [("sum_over_batch_size", CONFIGS[0]), ("sum", CONFIGS[-1]),
+                                              ("mean_with_sample_weight", CONFIGS[-1])]:
+            loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
+            ref = mlp()
+            with tf.GradientTape() as tape:
+                want_loss = loss_fn(y, ref(x), sample_weight=w)
+            want = tape.gradient(want_loss, ref.trainable_variables)
+            pm = PipelineModel(mlp, num_stages=stages, num_microbatches=2, verbose=False)
+            pm.compile(optimizer="sgd", loss=loss_fn)
+            loss, pairs = pm.pipeline_gradients(x, y, sample_weight=w)
+            assert_gradients_match(self, pm, loss, pairs, float(want_loss), want,
+                                   f"{reduction}, {stages} stages x {replicas}")
+        # fit with sample weights: the same loss history and weights as plain Keras.
+        pm = PipelineModel(mlp, num_stages=SIZE, num_microbatches=2, verbose=False)
+        pm.compile(optimizer=keras.optimizers.SGD(0.2), loss=LOSS)
+        ref = mlp()
+        ref.compile(optimizer=keras.optimizers.SGD(0.2), loss=LOSS)
+        got = pm.fit(x, y, sample_weight=w, batch_size=8, epochs=2, shuffle=False, verbose=0).history["loss"]
+        expected = ref.fit(x, y, sample_weight=w, batch_size=8, epochs=2, shuffle=False, verbose=0).history["loss"]
+        self.assertAllClose(got, expected, rtol=1e-5)
+        for v, r in zip(pm.unpartitioned.variables, ref.variables):
+            if v._value is not None:
+                self.assertAllClose(v, r, rtol=1e-5, atol=1e-6, msg=v.path)
+
+    def test_regularization_losses_match_unpartitioned(self):
+        x, y = data(16, seed=10)
+        ref = regularized_model()
+        with tf.GradientTape() as tape:
+            want_loss = LOSS(y, ref(x))
+            want_loss += tf.add_n(ref.losses)
+        self.assertLen(ref.losses, 5)  # one activity + four weight regularizers (the tied kernel once)
+        want = tape.gradient(want_loss, ref.trainable_variables)
+        for stages, replicas in CONFIGS:
+            pm = PipelineModel(regularized_model, num_stages=stages, num_microbatches=2, partition="uniform",
+                               verbose=False)
+            pm.compile(optimizer="sgd", loss=LOSS)
+            loss, pairs = pm.pipeline_gradients(x, y)
+            assert_gradients_match(self, pm, loss, pairs, float(want_loss), want, f"{stages} stages x {replicas}")
+        # evaluate reports them too, as Keras does.
+        ref.compile(loss=LOSS)
+        self.assertAllClose(pm.evaluate(x, y, batch_size=16, verbose=0), ref.evaluate(x, y, batch_size=16, verbose=0),
+                            rtol=1e-5)
+
+    def test_unreduced_loss_is_refused_everywhere(self):
+        pm = PipelineModel(mlp, num_stages=SIZE, num_microbatches=2, verbose=False)
+        with self.assertRaisesRegex(ValueError, "reduction='none'|reduction=None"):
+            pm.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                                        reduction=None))
 
 
 class PipelineErrorTest(tf.test.TestCase):
