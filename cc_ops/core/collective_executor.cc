@@ -88,30 +88,29 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
   const size_t elem = DataTypeSize(dtype);
   const DataType wire = WireDataType(dtype, first.compression);
   if (wire != dtype) return AllreduceCompressed(entries, wire);
-  if (entries->size() == 1) {
-    TensorEntry& e = (*entries)[0];
-    const int64_t count = NumElements(e.shape);
-    if (count == 0) return Status::OK();
-    const void* send = e.input;
-    if (e.prescale != 1.0) {  // scale a copy: the input belongs to the caller
-      if (e.output != e.input) std::memcpy(e.output, e.input, count * elem);
-      ScaleInPlace(dtype, e.output, count, e.prescale);
-      send = e.output;
-    }
-    if (e.prescale == 1.0 && transport_->CanAllreduceSpans(count * static_cast<int64_t>(elem), 1)) {
-      return AllreduceInPlace(entries);
-    }
-    const auto t0 = Timeline::Clock::now();
-    SMDIST_RETURN_IF_ERROR(transport_->Allreduce(send, e.output, count, dtype, WireOp(e.reduce_op)));
-    FinishReduction(dtype, e.reduce_op, e.postscale, e.output, count);
-    Trace("ALLREDUCE", t0);
-    return Status::OK();
-  }
+  if (entries->size() == 1) return AllreduceSingle(&(*entries)[0]);
   int64_t total = 0;
   for (const TensorEntry& e : *entries) total += NumElements(e.shape);
   if (first.prescale == 1.0 && transport_->CanAllreduceSpans(total * static_cast<int64_t>(elem), entries->size())) {
-    return AllreduceInPlace(entries);
+    std::vector<const TensorEntry*> all;
+    for (const TensorEntry& e : *entries) all.push_back(&e);
+    return AllreduceInPlace(all);
   }
+  // Large tensors gain nothing from the fusion buffer but two copies (their
+  // transfer dwarfs one call's latency): reduce them where they lie. Every
+  // rank sees the same sizes, so every rank makes the same calls.
+  std::vector<TensorEntry*> packed;
+  total = 0;
+  for (TensorEntry& e : *entries) {
+    const int64_t count = NumElements(e.shape);
+    if (count * static_cast<int64_t>(elem) >= kUnfusedTensorBytes) {
+      SMDIST_RETURN_IF_ERROR(AllreduceSingle(&e));
+    } else {
+      packed.push_back(&e);
+      total += count;
+    }
+  }
+  if (packed.empty()) return Status::OK();
   // Fused: pack, reduce once, unpack.
   if (fusion_buffer_.size() < static_cast<size_t>(total) * elem) {
     fusion_buffer_.resize(static_cast<size_t>(total) * elem);
@@ -119,9 +118,9 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
   uint8_t* buf = fusion_buffer_.data();
   auto t0 = Timeline::Clock::now();
   int64_t offset = 0;
-  for (const TensorEntry& e : *entries) {
-    const int64_t bytes = NumElements(e.shape) * elem;
-    if (bytes > 0) std::memcpy(buf + offset, e.input, bytes);
+  for (const TensorEntry* e : packed) {
+    const int64_t bytes = NumElements(e->shape) * elem;
+    if (bytes > 0) std::memcpy(buf + offset, e->input, bytes);
     offset += bytes;
   }
   ScaleInPlace(dtype, buf, total, first.prescale);
@@ -134,9 +133,9 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
   Trace("ALLREDUCE", t0);
   t0 = Timeline::Clock::now();
   offset = 0;
-  for (TensorEntry& e : *entries) {
-    const int64_t bytes = NumElements(e.shape) * elem;
-    if (bytes > 0) std::memcpy(e.output, buf + offset, bytes);
+  for (TensorEntry* e : packed) {
+    const int64_t bytes = NumElements(e->shape) * elem;
+    if (bytes > 0) std::memcpy(e->output, buf + offset, bytes);
     offset += bytes;
   }
   Trace("COPY_OUT_FUSION_BUFFER", t0);
@@ -183,10 +182,31 @@ Status CollectiveExecutor::AllreduceCompressed(std::vector<TensorEntry>* entries
   return Status::OK();
 }
 
-Status CollectiveExecutor::AllreduceInPlace(std::vector<TensorEntry>* entries) {
+Status CollectiveExecutor::AllreduceSingle(TensorEntry* e) {
+  const DataType dtype = e->dtype;
+  const size_t elem = DataTypeSize(dtype);
+  const int64_t count = NumElements(e->shape);
+  if (count == 0) return Status::OK();
+  const void* send = e->input;
+  if (e->prescale != 1.0) {  // scale a copy: the input belongs to the caller
+    if (e->output != e->input) std::memcpy(e->output, e->input, count * elem);
+    ScaleInPlace(dtype, e->output, count, e->prescale);
+    send = e->output;
+  }
+  if (e->prescale == 1.0 && transport_->CanAllreduceSpans(count * static_cast<int64_t>(elem), 1)) {
+    return AllreduceInPlace({e});
+  }
+  const auto t0 = Timeline::Clock::now();
+  SMDIST_RETURN_IF_ERROR(transport_->Allreduce(send, e->output, count, dtype, WireOp(e->reduce_op)));
+  FinishReduction(dtype, e->reduce_op, e->postscale, e->output, count);
+  Trace("ALLREDUCE", t0);
+  return Status::OK();
+}
+
+Status CollectiveExecutor::AllreduceInPlace(const std::vector<const TensorEntry*>& entries) {
   // The transport reads every tensor where it lies: no fusion-buffer copies,
   // and the final scaling happens while each shard is still in cache.
-  const TensorEntry& first = (*entries)[0];
+  const TensorEntry& first = *entries[0];
   const bool fold_scaling = IsFloatingPoint(first.dtype) || first.reduce_op != ReduceOp::kAverage;
   double postscale = 1.0;
   if (fold_scaling) {
@@ -194,10 +214,10 @@ Status CollectiveExecutor::AllreduceInPlace(std::vector<TensorEntry>* entries) {
     if (first.reduce_op == ReduceOp::kAverage) postscale /= transport_->topology().size;
   }
   std::vector<TensorSpan> spans;
-  spans.reserve(entries->size());
-  for (const TensorEntry& e : *entries) {
-    const int64_t count = NumElements(e.shape);
-    if (count > 0) spans.push_back({e.input, e.output, count});
+  spans.reserve(entries.size());
+  for (const TensorEntry* e : entries) {
+    const int64_t count = NumElements(e->shape);
+    if (count > 0) spans.push_back({e->input, e->output, count});
   }
   const auto t0 = Timeline::Clock::now();
   SMDIST_RETURN_IF_ERROR(transport_->AllreduceSpans(spans, first.dtype, WireOp(first.reduce_op), postscale));

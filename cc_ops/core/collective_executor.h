@@ -23,9 +23,14 @@ class CollectiveExecutor {
   Status Execute(const Response& response, std::vector<TensorEntry>* entries);
 
  private:
+  // Tensors at least this big skip the fusion buffer (the MPI and shared-memory
+  // copy paths); smaller ones are packed, as their cost is the call's latency.
+  static constexpr int64_t kUnfusedTensorBytes = 1 << 20;
   Status Allreduce(std::vector<TensorEntry>* entries);
+  // One tensor, reduced from its input into its output.
+  Status AllreduceSingle(TensorEntry* entry);
   // Fused or single allreduce straight between the ranks' tensors (no fusion buffer).
-  Status AllreduceInPlace(std::vector<TensorEntry>* entries);
+  Status AllreduceInPlace(const std::vector<const TensorEntry*>& entries);
   // Compression.fp16/bf16: narrow into the fusion buffer, reduce the wire
   // type, widen into the outputs (scaling folded into both passes).
   Status AllreduceCompressed(std::vector<TensorEntry>* entries, DataType wire);

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import smdist_tf as sd
-from tests.mp.collective_expectations import all_rank_values
+from tests.mp.collective_expectations import all_rank_values, expected_reduction
 
 RANK, SIZE = sd.rank(), sd.size()
 LAST = SIZE - 1
@@ -249,6 +249,25 @@ class FusionBoundaryTest(tf.test.TestCase):
                 self.assertAllClose(tf.cast(out, tf.float64), np.full(s, total))
         finally:
             restart_engine(SMDIST_FUSION_THRESHOLD="")
+
+
+    def test_large_tensors_in_a_fused_group_skip_the_fusion_buffer(self):
+        # MPI and shared-memory copy paths: tensors of 1 MiB or more are reduced where they lie,
+        # the small ones of the same response are packed; results and order must not change.
+        shapes = [(7,), (300000,), (0,), (3, 5), (262144,), (1,)]
+        for env in [dict(SMDIST_CROSS_MEMORY_ATTACH="0"), dict(SMDIST_CROSS_MEMORY_ATTACH="0", SMDIST_SHM_SEGMENT_BYTES="0")]:
+            restart_engine(**env)
+            try:
+                for op, pre, post in [(sd.Sum, 1.0, 1.0), (sd.Average, 2.0, 0.5)]:
+                    with self.subTest(env=env, op=op):
+                        values = [all_rank_values(s, tf.float32, op, seed=i) for i, s in enumerate(shapes)]
+                        outs = sd.grouped_allreduce([tf.constant(v[RANK]) for v in values], op=op, prescale_factor=pre,
+                                                    postscale_factor=post, name=f"unfused.{len(env)}.{op}")
+                        for out, v in zip(outs, values):
+                            self.assertEqual(out.shape, v[RANK].shape)
+                            self.assertAllClose(out, expected_reduction(v, op, tf.float32, pre, post), rtol=1e-5, atol=1e-4)
+            finally:
+                restart_engine(**{k: "" for k in env})
 
 
 class SharedMemoryPathTest(tf.test.TestCase):
