@@ -55,6 +55,15 @@ inline uint16_t FloatToHalf(float f) {
   return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
 }
 
+#if defined(__x86_64__)
+// Whether this CPU converts float16 in hardware (F16C with AVX); the vector
+// paths are chosen at run time so the library still runs without it.
+inline bool CpuHasF16c() {
+  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return has;
+}
+#endif
+
 inline float BFloat16ToFloat(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(b) << 16); }
 
 inline uint16_t FloatToBFloat16(float f) {

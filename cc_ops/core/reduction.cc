@@ -105,11 +105,7 @@ void DivideTyped(void* buf, int64_t n, int64_t divisor) {
 
 #if defined(__x86_64__)
 // float16 sums with hardware conversion (F16C) eight lanes at a time; chosen
-// at run time so the library still runs on CPUs without it.
-bool CpuHasF16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-  return has;
-}
+// at run time (CpuHasF16c) so the library still runs on CPUs without it.
 
 __attribute__((target("avx,f16c"))) int64_t SumHalfF16c(const void* const* inputs, int n,
                                                          void* out, int64_t count) {

@@ -33,11 +33,6 @@ void StoreAny(DataType dtype, void* p, int64_t i, float v) {
 }
 
 #if defined(__x86_64__)
-bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-  return has;
-}
-
 // float32 <-> float16 eight lanes at a time; returns the elements done.
 __attribute__((target("avx,f16c"))) int64_t NarrowFloatToHalfF16c(const float* in, uint16_t* out,
                                                                   int64_t count, float scale) {
@@ -71,7 +66,7 @@ void NarrowToWire(DataType dtype, const void* in, DataType wire, void* out, int6
   const float s = static_cast<float>(scale);
   int64_t i = 0;
 #if defined(__x86_64__)
-  if (dtype == DataType::kFloat32 && wire == DataType::kFloat16 && HasF16c()) {
+  if (dtype == DataType::kFloat32 && wire == DataType::kFloat16 && CpuHasF16c()) {
     i = NarrowFloatToHalfF16c(static_cast<const float*>(in), static_cast<uint16_t*>(out), count, s);
   }
 #endif
@@ -95,7 +90,7 @@ void WidenFromWire(DataType wire, const void* in, DataType dtype, void* out, int
   const float s = static_cast<float>(scale);
   int64_t i = 0;
 #if defined(__x86_64__)
-  if (wire == DataType::kFloat16 && dtype == DataType::kFloat32 && HasF16c()) {
+  if (wire == DataType::kFloat16 && dtype == DataType::kFloat32 && CpuHasF16c()) {
     i = WidenHalfToFloatF16c(static_cast<const uint16_t*>(in), static_cast<float*>(out), count, s);
   }
 #endif
