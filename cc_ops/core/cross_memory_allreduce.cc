@@ -23,19 +23,8 @@ Status CrossMemoryAllreduce::Create(MPI_Comm local, std::unique_ptr<CrossMemoryA
   c->local_ = local;
   MPI_Comm_rank(local, &c->local_rank_);
   MPI_Comm_size(local, &c->local_size_);
-  void* base = nullptr;
-  int rc = MPI_Win_allocate_shared(sizeof(Slot), 1, MPI_INFO_NULL, local, &base, &c->window_);
-  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Win_allocate_shared(control)");
-  c->slots_.resize(c->local_size_);
-  for (int r = 0; r < c->local_size_; ++r) {
-    MPI_Aint size = 0;
-    int disp = 0;
-    void* ptr = nullptr;
-    rc = MPI_Win_shared_query(c->window_, r, &size, &disp, &ptr);
-    if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Win_shared_query(control)");
-    c->slots_[r] = static_cast<Slot*>(ptr);
-  }
-  MPI_Win_lock_all(MPI_MODE_NOCHECK, c->window_);
+  SMDIST_RETURN_IF_ERROR(SharedWindow::Create(local, sizeof(Slot), &c->window_));
+  for (int r = 0; r < c->local_size_; ++r) c->slots_.push_back(static_cast<Slot*>(c->window_->part(r)));
 
   // Prove every peer's memory is readable before anyone relies on it.
   Slot* mine = c->slots_[c->local_rank_];
@@ -52,26 +41,13 @@ Status CrossMemoryAllreduce::Create(MPI_Comm local, std::unique_ptr<CrossMemoryA
     if (!s.ok() || seen != c->slots_[r]->probe_value) readable = 0;
   }
   int everyone = 0;
-  rc = MPI_Allreduce(&readable, &everyone, 1, MPI_INT, MPI_MIN, local);
+  const int rc = MPI_Allreduce(&readable, &everyone, 1, MPI_INT, MPI_MIN, local);
   if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce(cross-memory probe)");
   if (everyone) *out = std::move(c);  // otherwise the destructor frees the window on every rank
   return Status::OK();
 }
 
-CrossMemoryAllreduce::~CrossMemoryAllreduce() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized || window_ == MPI_WIN_NULL) return;
-  MPI_Win_unlock_all(window_);
-  MPI_Win_free(&window_);
-}
-
-Status CrossMemoryAllreduce::LocalBarrier() {
-  MPI_Win_sync(window_);
-  int rc = MPI_Barrier(local_);
-  MPI_Win_sync(window_);
-  return MpiError(rc, "MPI_Barrier(local)");
-}
+Status CrossMemoryAllreduce::LocalBarrier() { return window_->Barrier(); }
 
 Status CrossMemoryAllreduce::ReadPeer(int peer, void* local, uint64_t remote, int64_t bytes) const {
   auto* dst = static_cast<uint8_t*>(local);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "shared_window.h"
 #include "status.h"
 #include "transport.h"
 #include "types.h"
@@ -30,7 +31,6 @@ class CrossMemoryAllreduce {
   // separate PID namespaces), so every rank falls back together.
   static Status Create(MPI_Comm local, std::unique_ptr<CrossMemoryAllreduce>* out);
   CrossMemoryAllreduce() = default;  // use Create()
-  ~CrossMemoryAllreduce();
   CrossMemoryAllreduce(const CrossMemoryAllreduce&) = delete;
   CrossMemoryAllreduce& operator=(const CrossMemoryAllreduce&) = delete;
 
@@ -67,7 +67,7 @@ class CrossMemoryAllreduce {
                          const std::vector<Piece>& pieces, size_t elem) const;
 
   MPI_Comm local_ = MPI_COMM_NULL;
-  MPI_Win window_ = MPI_WIN_NULL;
+  std::unique_ptr<SharedWindow> window_;  // freed before the communicators
   int local_rank_ = 0;
   int local_size_ = 1;
   std::vector<Slot*> slots_;          // every local rank's slot, mapped here

@@ -21,38 +21,15 @@ Status SharedMemoryAllreduce::Create(MPI_Comm local, MPI_Comm cross, int64_t seg
   s->segment_bytes_ = segment_bytes / kAlignBytes * kAlignBytes;
   MPI_Comm_rank(local, &s->local_rank_);
   MPI_Comm_size(local, &s->local_size_);
-  void* base = nullptr;
-  int rc = MPI_Win_allocate_shared(s->segment_bytes_, 1, MPI_INFO_NULL, local, &base, &s->window_);
-  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Win_allocate_shared");
-  s->segments_.resize(s->local_size_);
+  SMDIST_RETURN_IF_ERROR(SharedWindow::Create(local, s->segment_bytes_, &s->window_));
   for (int r = 0; r < s->local_size_; ++r) {
-    MPI_Aint size = 0;
-    int disp = 0;
-    void* ptr = nullptr;
-    rc = MPI_Win_shared_query(s->window_, r, &size, &disp, &ptr);
-    if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Win_shared_query");
-    s->segments_[r] = static_cast<uint8_t*>(ptr);
+    s->segments_.push_back(static_cast<uint8_t*>(s->window_->part(r)));
   }
-  // Passive-target epoch for the window's lifetime; MPI_Win_sync orders memory.
-  MPI_Win_lock_all(MPI_MODE_NOCHECK, s->window_);
   *out = std::move(s);
   return Status::OK();
 }
 
-SharedMemoryAllreduce::~SharedMemoryAllreduce() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized || window_ == MPI_WIN_NULL) return;
-  MPI_Win_unlock_all(window_);
-  MPI_Win_free(&window_);
-}
-
-Status SharedMemoryAllreduce::LocalBarrier() {
-  MPI_Win_sync(window_);
-  int rc = MPI_Barrier(local_);
-  MPI_Win_sync(window_);
-  return MpiError(rc, "MPI_Barrier(local)");
-}
+Status SharedMemoryAllreduce::LocalBarrier() { return window_->Barrier(); }
 
 Status SharedMemoryAllreduce::Run(const void* input, void* output, int64_t count, DataType dtype,
                                   ReduceOp op) {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "shared_window.h"
 #include "status.h"
 #include "types.h"
 
@@ -22,7 +23,6 @@ class SharedMemoryAllreduce {
   static Status Create(MPI_Comm local, MPI_Comm cross, int64_t segment_bytes,
                        std::unique_ptr<SharedMemoryAllreduce>* out);
   SharedMemoryAllreduce() = default;  // use Create()
-  ~SharedMemoryAllreduce();
   SharedMemoryAllreduce(const SharedMemoryAllreduce&) = delete;
   SharedMemoryAllreduce& operator=(const SharedMemoryAllreduce&) = delete;
 
@@ -33,7 +33,7 @@ class SharedMemoryAllreduce {
 
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Comm cross_ = MPI_COMM_NULL;
-  MPI_Win window_ = MPI_WIN_NULL;
+  std::unique_ptr<SharedWindow> window_;  // freed before the communicators
   int local_rank_ = 0;
   int local_size_ = 1;
   int64_t segment_bytes_ = 0;
