@@ -104,8 +104,9 @@ def compile_objects(jobs: list[tuple[Path, Path, list[str]]], headers: list[Path
             future.result()
 
 
-def link(target: Path, objects: list[Path], flags: list[str]) -> None:
-    if not needs_build(target, objects):
+def link(target: Path, objects: list[Path], flags: list[str], deps: tuple[Path, ...] = ()) -> None:
+    """Links ``objects`` into ``target``; relinks when they or ``deps`` are newer."""
+    if not needs_build(target, [*objects, *deps]):
         return
     cmd = ["g++", "-shared", "-o", str(target), *map(str, objects), *flags]
     print("  link", target.relative_to(ROOT) if target.is_relative_to(ROOT) else target, flush=True)
@@ -148,11 +149,14 @@ def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None) ->
 
     out_dir.mkdir(parents=True, exist_ok=True)
     core_lib = out_dir / "libsmdist_core.so"
-    link(core_lib, [obj(s) for s in core_sources], [*mpi_link, "-pthread"])
+    # A soname, so the modules record "libsmdist_core.so" (found next to them
+    # through $ORIGIN), not this build's absolute path: a copied or installed
+    # package must load its own engine.
+    link(core_lib, [obj(s) for s in core_sources], [*mpi_link, "-pthread", "-Wl,-soname,libsmdist_core.so"])
     rpath = ["-L" + str(out_dir), "-lsmdist_core", "-Wl,-rpath,$ORIGIN"]
-    link(out_dir / "smdist_tf_ops.so", [obj(s) for s in tf_sources] + [core_lib], [*rpath, *tf_link])
+    link(out_dir / "smdist_tf_ops.so", [obj(s) for s in tf_sources], [*rpath, *tf_link], (core_lib,))
     ext = sysconfig.get_config_var("EXT_SUFFIX")
-    link(out_dir / f"_runtime{ext}", [obj(s) for s in py_sources] + [core_lib], rpath)
+    link(out_dir / f"_runtime{ext}", [obj(s) for s in py_sources], rpath, (core_lib,))
 
     info = {
         "tensorflow_version": tf_version,

@@ -4,8 +4,11 @@ Runs inside the pytest process, so these tests also prove that scripts run
 unchanged on a laptop without mpirun.
 """
 
+import ast
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -69,6 +72,24 @@ class BuildTest(tf.test.TestCase):
             "    print('REFUSED', e)\n"
         )
         self.assertIn("REFUSED smdist_tf was built against TensorFlow 1.0.0", result.stdout, result.stderr[-2000:])
+
+    def test_copied_package_loads_its_own_engine(self):
+        # An installed (copied) package must not reach back into the build tree for its engine.
+        copy = Path(self.get_temp_dir()) / "relocated"
+        shutil.copytree(ROOT / "smdist_tf", copy / "smdist_tf", ignore=shutil.ignore_patterns("__pycache__"))
+        env = dict(mpi_env(), PYTHONPATH=str(copy))
+        code = ("import smdist_tf as sd\n"
+                "sd.init(); assert sd.size() == 1\n"
+                "print(sd.__file__)\n"
+                "print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'smdist' in l}))\n")
+        result = subprocess.run([sys.executable, "-c", code], cwd=copy, env=env, capture_output=True, text=True,
+                                timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        lines = result.stdout.splitlines()
+        self.assertTrue(lines[0].startswith(str(copy)), lines)
+        loaded = ast.literal_eval(lines[1])
+        self.assertTrue(any(p.endswith("libsmdist_core.so") for p in loaded), loaded)
+        self.assertTrue(all(p.startswith(str(copy)) for p in loaded), loaded)
 
 
 class SizeOneTest(tf.test.TestCase):
