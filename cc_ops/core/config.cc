@@ -54,6 +54,9 @@ EngineConfig EngineConfig::FromEnvironment() {
   c.shm_min_bytes = static_cast<int64_t>(ReadDouble("SMDIST_SHM_MIN_BYTES", "SMDIST_SHM_MIN_BYTES",
                                                     static_cast<double>(c.shm_min_bytes)));
   c.cross_memory_attach = ReadDouble("SMDIST_CROSS_MEMORY_ATTACH", "SMDIST_CROSS_MEMORY_ATTACH", 1.0) != 0.0;
+  c.cross_memory_min_bytes = static_cast<int64_t>(
+      ReadDouble("SMDIST_CROSS_MEMORY_MIN_BYTES", "SMDIST_CROSS_MEMORY_MIN_BYTES",
+                 static_cast<double>(c.cross_memory_min_bytes)));
   c.cache_capacity = static_cast<int64_t>(ReadDouble(
       "SMDIST_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", static_cast<double>(c.cache_capacity)));
   if (c.cache_capacity < 0) c.cache_capacity = 0;

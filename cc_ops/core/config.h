@@ -22,6 +22,9 @@ struct EngineConfig {
   // Single-host allreduce reads peers' tensors directly (process_vm_readv)
   // when the OS allows it; otherwise, or when off, through the shared segment.
   bool cross_memory_attach = true;
+  // Smaller single-host allreduces still go through the shared segment: its
+  // cached rounds beat reading peers' memory until the tensors outgrow cache.
+  int64_t cross_memory_min_bytes = 4 * 1024 * 1024;
   // Collectives remembered for bit-vector negotiation; 0 disables the cache.
   int64_t cache_capacity = 1024;
   std::string timeline_path;  // Chrome-trace output; empty disables

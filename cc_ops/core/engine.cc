@@ -1,5 +1,6 @@
 #include "engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <unordered_map>
@@ -215,20 +216,39 @@ void Engine::Stop(const std::string& reason) {
 
 
 void Engine::BackgroundLoop() {
+  const int64_t cycle_us = static_cast<int64_t>(config_.cycle_time_ms * 1000.0);
+  const int64_t idle_cap_us = std::max(cycle_us, kIdleWaitCapUs);
+  int64_t idle_wait_us = cycle_us;
+  uint64_t cycles_seen = cycles_run_.load();
   while (true) {
     // Sleep only when idle: a rank with collectives in flight goes straight to
     // the next cycle, so a lone tensor never waits out a cycle for its peers.
     if (!queue_->HasInFlight()) {
-      queue_->WaitForWork(static_cast<int64_t>(config_.cycle_time_ms * 1000.0));
+      const bool woken = queue_->WaitForWork(idle_wait_us);
+      if (!woken && !queue_->HasInFlight()) {
+        // Still idle. Negotiate now and then (a peer, a shutdown or a stall may
+        // need this rank), but ever less often: each idle round is an MPI call
+        // that takes a core and the MPI library from the training step. Its
+        // own submissions wake this thread at once, so no collective waits.
+        idle_wait_us = std::min(idle_cap_us, std::max(cycle_us, 2 * idle_wait_us));
+        const uint64_t cycles = cycles_run_.load();
+        const bool callers_cycled = cycles != cycles_seen;
+        cycles_seen = cycles;
+        if (callers_cycled) continue;  // eager callers ran cycles inline meanwhile
+      } else {
+        idle_wait_us = cycle_us;
+      }
     }
     std::lock_guard<std::mutex> cycle(cycle_mu_);
     if (!RunCycleLocked()) return;
+    cycles_seen = cycles_run_.load();
   }
 }
 
 bool Engine::RunCycleLocked() {
   if (cycles_over_) return false;
   t_in_cycle = true;
+  cycles_run_.fetch_add(1);
   const bool go_on = RunCycle(cycle_state_.get());
   t_in_cycle = false;
   if (!go_on) cycles_over_ = true;

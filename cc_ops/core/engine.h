@@ -97,6 +97,9 @@ class Engine {
   std::mutex cycle_mu_;
   std::unique_ptr<CycleState> cycle_state_;
   bool cycles_over_ = false;  // cycle_mu_
+  std::atomic<uint64_t> cycles_run_{0};  // by any thread: the engine thread skips idle rounds callers ran
+  // Longest wait of an idle engine thread between negotiation rounds.
+  static constexpr int64_t kIdleWaitCapUs = 20 * 1000;
 };
 
 }  // namespace smdist

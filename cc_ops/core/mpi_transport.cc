@@ -190,6 +190,7 @@ Status MpiTransport::Create(const EngineConfig& config, std::unique_ptr<MpiTrans
     SMDIST_RETURN_IF_ERROR(CrossMemoryAllreduce::Create(t->local_, &t->cma_));
   }
   t->shm_min_bytes_ = config.shm_min_bytes;
+  t->cma_min_bytes_ = t->shm_ ? std::max(config.shm_min_bytes, config.cross_memory_min_bytes) : config.shm_min_bytes;
   *out = std::move(t);
   return Status::OK();
 }
@@ -270,7 +271,7 @@ Status MpiTransport::Allreduce(const void* input, void* output, int64_t count, D
 }
 
 bool MpiTransport::CanAllreduceSpans(int64_t total_bytes, size_t num_spans) const {
-  return cma_ != nullptr && total_bytes >= shm_min_bytes_ && total_bytes > 0 &&
+  return cma_ != nullptr && total_bytes >= cma_min_bytes_ && total_bytes > 0 &&
          static_cast<int64_t>(num_spans) <= CrossMemoryAllreduce::kMaxSpans;
 }
 

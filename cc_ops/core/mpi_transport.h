@@ -62,6 +62,7 @@ class MpiTransport : public Transport {
   std::unique_ptr<SharedMemoryAllreduce> shm_;
   std::unique_ptr<CrossMemoryAllreduce> cma_;
   int64_t shm_min_bytes_ = 0;
+  int64_t cma_min_bytes_ = 0;  // with shm_ too; otherwise shm_min_bytes_
   bool hierarchical_ = false;
 };
 

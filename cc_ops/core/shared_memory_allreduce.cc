@@ -1,7 +1,15 @@
 #include "shared_memory_allreduce.h"
 
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <string>
 
 #include "mpi_types.h"
 #include "reduction.h"
@@ -9,68 +17,132 @@
 
 namespace smdist {
 namespace {
-// The segment is a whole number of cache lines.
+// Slots are a whole number of cache lines.
 constexpr int64_t kAlignBytes = 64;
+// Busy polls before yielding the core (ranks may outnumber cores).
+constexpr int kSpinsBeforeYield = 256;
+// How often a long wait checks that the peers still exist.
+constexpr double kLivenessCheckSeconds = 1.0;
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 }  // namespace
+
+// Each counter on its own cache line: ranks poll them while their owner writes.
+struct SharedMemoryAllreduce::Header {
+  struct alignas(64) Counter {
+    std::atomic<uint64_t> value;
+  };
+  Counter staged, reduced, copied;  // rounds this rank has finished each step of
+  alignas(64) int64_t pid;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters are shared between processes");
 
 Status SharedMemoryAllreduce::Create(MPI_Comm local, MPI_Comm cross, int64_t segment_bytes,
                                      std::unique_ptr<SharedMemoryAllreduce>* out) {
   auto s = std::make_unique<SharedMemoryAllreduce>();
   s->local_ = local;
   s->cross_ = cross;
-  s->segment_bytes_ = segment_bytes / kAlignBytes * kAlignBytes;
   MPI_Comm_rank(local, &s->local_rank_);
   MPI_Comm_size(local, &s->local_size_);
-  SMDIST_RETURN_IF_ERROR(SharedWindow::Create(local, s->segment_bytes_, &s->window_));
+  // Across hosts each round is also an MPI allreduce: big rounds amortise it.
+  int64_t round = cross == MPI_COMM_NULL ? std::min(segment_bytes / 2, kSingleHostRoundBytes) : segment_bytes / 2;
+  s->round_bytes_ = std::max<int64_t>(kAlignBytes, round / kAlignBytes * kAlignBytes);
+  const int64_t header_bytes = (sizeof(Header) + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
+  SMDIST_RETURN_IF_ERROR(SharedWindow::Create(local, header_bytes + 2 * s->round_bytes_, &s->window_));
   for (int r = 0; r < s->local_size_; ++r) {
-    s->segments_.push_back(static_cast<uint8_t*>(s->window_->part(r)));
+    auto* part = static_cast<uint8_t*>(s->window_->part(r));
+    s->headers_.push_back(reinterpret_cast<Header*>(part));
+    s->slots_.push_back(part + header_bytes);
   }
+  // Constructed in place: the memory belongs to the window.
+  Header* mine = new (s->headers_[s->local_rank_]) Header();
+  mine->pid = static_cast<int64_t>(getpid());
+  SMDIST_RETURN_IF_ERROR(s->window_->Barrier());  // every header written before anyone polls
   *out = std::move(s);
   return Status::OK();
 }
 
-Status SharedMemoryAllreduce::LocalBarrier() { return window_->Barrier(); }
+uint8_t* SharedMemoryAllreduce::Slot(int rank, uint64_t round) const {
+  return slots_[rank] + static_cast<int64_t>(round % 2) * round_bytes_;
+}
+
+Status SharedMemoryAllreduce::WaitForPeers(Stage stage, uint64_t round) const {
+  auto next_check = std::chrono::steady_clock::now() + std::chrono::duration<double>(kLivenessCheckSeconds);
+  for (int r = 0; r < local_size_; ++r) {
+    if (r == local_rank_) continue;
+    Header* h = headers_[r];
+    const std::atomic<uint64_t>& counter =
+        stage == Stage::kStaged ? h->staged.value : stage == Stage::kReduced ? h->reduced.value : h->copied.value;
+    for (int spins = 0; counter.load(std::memory_order_acquire) < round; ++spins) {
+      if (spins < kSpinsBeforeYield) {
+        CpuRelax();
+        continue;
+      }
+      sched_yield();
+      if (std::chrono::steady_clock::now() < next_check) continue;
+      next_check += std::chrono::duration<double>(kLivenessCheckSeconds);
+      if (kill(static_cast<pid_t>(h->pid), 0) != 0 && errno == ESRCH) {
+        return Status::Aborted("local rank " + std::to_string(r) + " (pid " + std::to_string(h->pid) +
+                               ") exited during a shared-memory allreduce");
+      }
+    }
+  }
+  return Status::OK();
+}
 
 Status SharedMemoryAllreduce::Run(const void* input, void* output, int64_t count, DataType dtype,
                                   ReduceOp op) {
   const size_t elem = DataTypeSize(dtype);
-  const int64_t chunk = segment_bytes_ / static_cast<int64_t>(elem);
+  const int64_t chunk = round_bytes_ / static_cast<int64_t>(elem);
   const auto* in = static_cast<const uint8_t*>(input);
   auto* out = static_cast<uint8_t*>(output);
+  Header* mine = headers_[local_rank_];
   std::vector<const void*> sources(local_size_);
-  for (int64_t offset = 0; offset < count; offset += chunk) {
+  for (int64_t offset = 0; offset < count; offset += chunk, ++rounds_done_) {
+    const uint64_t round = rounds_done_;
     const int64_t n = std::min(chunk, count - offset);
-    std::memcpy(segments_[local_rank_], in + offset * elem, n * elem);
-    SMDIST_RETURN_IF_ERROR(LocalBarrier());
+    // This slot was last used two rounds ago: every peer must have read it.
+    if (round >= 2) SMDIST_RETURN_IF_ERROR(WaitForPeers(Stage::kCopied, round - 1));
+    std::memcpy(Slot(local_rank_, round), in + offset * elem, n * elem);
+    mine->staged.value.store(round + 1, std::memory_order_release);
+    SMDIST_RETURN_IF_ERROR(WaitForPeers(Stage::kStaged, round + 1));
 
-    // Reduce my shard from every peer's segment into my own segment.
+    // Reduce my shard from every peer's slot into my own slot.
     int64_t begin = 0, end = 0;
     ShardRange(n, elem, local_size_, local_rank_, &begin, &end);
+    uint8_t* my_shard = Slot(local_rank_, round) + begin * elem;
     if (end > begin) {
-      sources[0] = segments_[local_rank_] + begin * elem;
+      sources[0] = my_shard;
       int k = 1;
       for (int r = 0; r < local_size_; ++r) {
-        if (r != local_rank_) sources[k++] = segments_[r] + begin * elem;
+        if (r != local_rank_) sources[k++] = Slot(r, round) + begin * elem;
       }
-      ReduceMany(dtype, op, sources.data(), local_size_, segments_[local_rank_] + begin * elem,
-                 end - begin);
+      ReduceMany(dtype, op, sources.data(), local_size_, my_shard, end - begin);
     }
     if (cross_ != MPI_COMM_NULL) {
       // Hierarchical: same-shard owners on other hosts combine their partial results.
-      int rc = MPI_Allreduce(MPI_IN_PLACE, segments_[local_rank_] + begin * elem,
-                             static_cast<int>(end - begin), MpiType(dtype), MpiOp(dtype, op), cross_);
+      int rc = MPI_Allreduce(MPI_IN_PLACE, my_shard, static_cast<int>(end - begin), MpiType(dtype),
+                             MpiOp(dtype, op), cross_);
       if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce(cross)");
     }
-    SMDIST_RETURN_IF_ERROR(LocalBarrier());
+    mine->reduced.value.store(round + 1, std::memory_order_release);
 
+    if (end > begin) std::memcpy(out + (offset + begin) * elem, my_shard, (end - begin) * elem);
     for (int r = 0; r < local_size_; ++r) {
+      if (r == local_rank_) continue;
       ShardRange(n, elem, local_size_, r, &begin, &end);
-      if (end > begin) {
-        std::memcpy(out + (offset + begin) * elem, segments_[r] + begin * elem, (end - begin) * elem);
+      if (end <= begin) continue;
+      const std::atomic<uint64_t>& reduced = headers_[r]->reduced.value;
+      if (reduced.load(std::memory_order_acquire) < round + 1) {
+        SMDIST_RETURN_IF_ERROR(WaitForPeers(Stage::kReduced, round + 1));
       }
+      std::memcpy(out + (offset + begin) * elem, Slot(r, round) + begin * elem, (end - begin) * elem);
     }
-    // Nobody may restage its segment until every peer has copied out of it.
-    SMDIST_RETURN_IF_ERROR(LocalBarrier());
+    mine->copied.value.store(round + 1, std::memory_order_release);
   }
   return Status::OK();
 }

@@ -3,6 +3,11 @@
 // every peer's segment (no MPI copies), optionally allreduces that shard with
 // the same-shard owners on other hosts (hierarchical), and copies every
 // reduced shard back out. Each rank does 1/local_size of the arithmetic.
+//
+// Rounds are double-buffered and ordered by per-rank counters in the window
+// (staged / reduced / copied), not MPI barriers: a rank waits only for the
+// peers whose data it is about to read or overwrite, and returns as soon as
+// it has its result (the segments, not the callers' tensors, are shared).
 #pragma once
 
 #include <mpi.h>
@@ -28,16 +33,27 @@ class SharedMemoryAllreduce {
 
   Status Run(const void* input, void* output, int64_t count, DataType dtype, ReduceOp op);
 
+  // Bytes staged per rank per round on a single host: rounds that stay in
+  // cache, and the next round is staged while peers copy out the last.
+  static constexpr int64_t kSingleHostRoundBytes = 1 << 20;
+
  private:
-  Status LocalBarrier();
+  struct Header;
+  enum class Stage { kStaged, kReduced, kCopied };
+  // Waits until every peer's `stage` counter reaches `round`; fails if a peer
+  // process is gone.
+  Status WaitForPeers(Stage stage, uint64_t round) const;
+  uint8_t* Slot(int rank, uint64_t round) const;
 
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Comm cross_ = MPI_COMM_NULL;
   std::unique_ptr<SharedWindow> window_;  // freed before the communicators
   int local_rank_ = 0;
   int local_size_ = 1;
-  int64_t segment_bytes_ = 0;
-  std::vector<uint8_t*> segments_;  // every local rank's segment, mapped here
+  int64_t round_bytes_ = 0;        // per rank per round
+  std::vector<Header*> headers_;   // every local rank's counters, mapped here
+  std::vector<uint8_t*> slots_;    // every local rank's two round buffers
+  uint64_t rounds_done_ = 0;       // same on every local rank: Run is collective
 };
 
 }  // namespace smdist

@@ -54,9 +54,8 @@ void TensorQueue::PopRequests(std::vector<Request>* out) {
 
 bool TensorQueue::WaitForWork(int64_t timeout_us) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, std::chrono::microseconds(timeout_us),
-               [this] { return woken_ || !fresh_.empty(); });
-  return !fresh_.empty();
+  return cv_.wait_for(lock, std::chrono::microseconds(timeout_us),
+                      [this] { return woken_ || !fresh_.empty(); });
 }
 
 void TensorQueue::Wake() {

@@ -22,7 +22,8 @@ class TensorQueue {
   // Moves newly added entries' requests into `out` (submission order).
   void PopRequests(std::vector<Request>* out);
 
-  // Waits up to `timeout_us` for a new entry; returns whether one is pending.
+  // Waits up to `timeout_us` for a new entry or a Wake(); returns whether
+  // either came (false: the wait timed out with nothing to do).
   bool WaitForWork(int64_t timeout_us);
   void Wake();
 

@@ -316,12 +316,12 @@ class CrossMemoryPathTest(tf.test.TestCase):
 
     def setUp(self):
         super().setUp()
-        restart_engine(SMDIST_SHM_MIN_BYTES="0")
+        restart_engine(SMDIST_SHM_MIN_BYTES="0", SMDIST_CROSS_MEMORY_MIN_BYTES="0")
         if sd.engine_config()["intra_host_allreduce"] != "cross_memory_attach":
             self.skipTest("this OS does not let ranks read each other's memory (ptrace restrictions)")
 
     def tearDown(self):
-        restart_engine(SMDIST_SHM_MIN_BYTES="")
+        restart_engine(SMDIST_SHM_MIN_BYTES="", SMDIST_CROSS_MEMORY_MIN_BYTES="")
         super().tearDown()
 
     def test_every_dtype_op_and_shard_edge(self):
@@ -376,7 +376,7 @@ class WireCompressionTest(tf.test.TestCase):
 
     PATHS = [
         ("mpi", dict()),
-        ("cross_memory_attach", dict(SMDIST_SHM_MIN_BYTES="0")),
+        ("cross_memory_attach", dict(SMDIST_SHM_MIN_BYTES="0", SMDIST_CROSS_MEMORY_MIN_BYTES="0")),
         ("shared_memory", dict(SMDIST_SHM_MIN_BYTES="0", SMDIST_CROSS_MEMORY_ATTACH="0", SMDIST_SHM_SEGMENT_BYTES="4096")),
     ]
     WIRE = {"fp16": (sd.Compression.fp16, np.float16), "bf16": (sd.Compression.bf16, tf.bfloat16.as_numpy_dtype)}
@@ -502,6 +502,48 @@ class InlineCycleTest(tf.test.TestCase):
         self.assertEqual(errors, [])
         for i in range(6):
             self.assertAllEqual(results[i], np.full([3 + i], SIZE * i + SIZE * (SIZE - 1) / 2, np.float32))
+
+
+def _voluntary_switches() -> int:
+    """Voluntary context switches of every thread of this process so far."""
+    total = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/status") as f:
+                total += int(f.read().split("voluntary_ctxt_switches:")[1].split()[0])
+        except (OSError, IndexError):
+            pass  # a thread that ended meanwhile
+    return total
+
+
+class IdleEngineTest(tf.test.TestCase):
+    """An idle engine negotiates ever less often, yet wakes at once for new work."""
+
+    def test_idle_engine_backs_off_and_wakes_for_late_work(self):
+        sd.allreduce(tf.ones([4]), name="idle.warmup")
+        time.sleep(0.3)  # the backoff reaches its cap
+        before = _voluntary_switches()
+        time.sleep(1.0)
+        woke = _voluntary_switches() - before
+        # At the 1 ms cycle time every idle round woke the engine thread (~900 a second).
+        self.assertLess(woke, 300, "the idle engine kept waking up")
+
+        if RANK == LAST:
+            time.sleep(0.5)  # the others' engines wait on an idle peer with a long backoff
+        out = sd.allreduce(tf.fill([3], float(RANK)), op=sd.Sum, name="idle.late")
+        self.assertAllEqual(out, np.full([3], SIZE * (SIZE - 1) / 2, np.float32))
+
+        @tf.function
+        def graph_allreduce(x):
+            return sd.allreduce(x, op=sd.Sum, name="idle.graph")
+
+        time.sleep(0.3)  # idle again: graph ops wake the engine thread, which must not sleep out its backoff
+        start = time.time()
+        for _ in range(20):
+            out = graph_allreduce(tf.ones([2]))
+        self.assertAllEqual(out, [SIZE, SIZE])
+        # 20 wake-ups that waited out a 20 ms backoff would take 0.4 s; a generous bound.
+        self.assertLess(time.time() - start, 5.0)
 
 
 if __name__ == "__main__":
