@@ -1,15 +1,11 @@
 #include "shared_memory_allreduce.h"
 
 #include <sched.h>
-#include <signal.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <string>
+#include <new>
 
 #include "mpi_types.h"
 #include "reduction.h"
@@ -21,8 +17,6 @@ namespace {
 constexpr int64_t kAlignBytes = 64;
 // Busy polls before yielding the core (ranks may outnumber cores).
 constexpr int kSpinsBeforeYield = 256;
-// How often a long wait checks that the peers still exist.
-constexpr double kLivenessCheckSeconds = 1.0;
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -37,7 +31,6 @@ struct SharedMemoryAllreduce::Header {
     std::atomic<uint64_t> value;
   };
   Counter staged, reduced, copied;  // rounds this rank has finished each step of
-  alignas(64) int64_t pid;
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters are shared between processes");
 
@@ -59,8 +52,7 @@ Status SharedMemoryAllreduce::Create(MPI_Comm local, MPI_Comm cross, int64_t seg
     s->slots_.push_back(part + header_bytes);
   }
   // Constructed in place: the memory belongs to the window.
-  Header* mine = new (s->headers_[s->local_rank_]) Header();
-  mine->pid = static_cast<int64_t>(getpid());
+  new (s->headers_[s->local_rank_]) Header();
   SMDIST_RETURN_IF_ERROR(s->window_->Barrier());  // every header written before anyone polls
   *out = std::move(s);
   return Status::OK();
@@ -70,28 +62,25 @@ uint8_t* SharedMemoryAllreduce::Slot(int rank, uint64_t round) const {
   return slots_[rank] + static_cast<int64_t>(round % 2) * round_bytes_;
 }
 
-Status SharedMemoryAllreduce::WaitForPeers(Stage stage, uint64_t round) const {
-  auto next_check = std::chrono::steady_clock::now() + std::chrono::duration<double>(kLivenessCheckSeconds);
-  for (int r = 0; r < local_size_; ++r) {
-    if (r == local_rank_) continue;
-    Header* h = headers_[r];
-    const std::atomic<uint64_t>& counter =
-        stage == Stage::kStaged ? h->staged.value : stage == Stage::kReduced ? h->reduced.value : h->copied.value;
-    for (int spins = 0; counter.load(std::memory_order_acquire) < round; ++spins) {
-      if (spins < kSpinsBeforeYield) {
-        CpuRelax();
-        continue;
-      }
+void SharedMemoryAllreduce::WaitForPeer(int peer, Stage stage, uint64_t round) const {
+  // A peer that dies mid-round is the launcher's to handle (mpirun ends the
+  // job), as it was when these waits were MPI barriers.
+  Header* h = headers_[peer];
+  const std::atomic<uint64_t>& counter =
+      stage == Stage::kStaged ? h->staged.value : stage == Stage::kReduced ? h->reduced.value : h->copied.value;
+  for (int spins = 0; counter.load(std::memory_order_acquire) < round; ++spins) {
+    if (spins < kSpinsBeforeYield) {
+      CpuRelax();
+    } else {
       sched_yield();
-      if (std::chrono::steady_clock::now() < next_check) continue;
-      next_check += std::chrono::duration<double>(kLivenessCheckSeconds);
-      if (kill(static_cast<pid_t>(h->pid), 0) != 0 && errno == ESRCH) {
-        return Status::Aborted("local rank " + std::to_string(r) + " (pid " + std::to_string(h->pid) +
-                               ") exited during a shared-memory allreduce");
-      }
     }
   }
-  return Status::OK();
+}
+
+void SharedMemoryAllreduce::WaitForPeers(Stage stage, uint64_t round) const {
+  for (int r = 0; r < local_size_; ++r) {
+    if (r != local_rank_) WaitForPeer(r, stage, round);
+  }
 }
 
 Status SharedMemoryAllreduce::Run(const void* input, void* output, int64_t count, DataType dtype,
@@ -106,10 +95,10 @@ Status SharedMemoryAllreduce::Run(const void* input, void* output, int64_t count
     const uint64_t round = rounds_done_;
     const int64_t n = std::min(chunk, count - offset);
     // This slot was last used two rounds ago: every peer must have read it.
-    if (round >= 2) SMDIST_RETURN_IF_ERROR(WaitForPeers(Stage::kCopied, round - 1));
+    if (round >= 2) WaitForPeers(Stage::kCopied, round - 1);
     std::memcpy(Slot(local_rank_, round), in + offset * elem, n * elem);
     mine->staged.value.store(round + 1, std::memory_order_release);
-    SMDIST_RETURN_IF_ERROR(WaitForPeers(Stage::kStaged, round + 1));
+    WaitForPeers(Stage::kStaged, round + 1);
 
     // Reduce my shard from every peer's slot into my own slot.
     int64_t begin = 0, end = 0;
@@ -136,10 +125,7 @@ Status SharedMemoryAllreduce::Run(const void* input, void* output, int64_t count
       if (r == local_rank_) continue;
       ShardRange(n, elem, local_size_, r, &begin, &end);
       if (end <= begin) continue;
-      const std::atomic<uint64_t>& reduced = headers_[r]->reduced.value;
-      if (reduced.load(std::memory_order_acquire) < round + 1) {
-        SMDIST_RETURN_IF_ERROR(WaitForPeers(Stage::kReduced, round + 1));
-      }
+      WaitForPeer(r, Stage::kReduced, round + 1);
       std::memcpy(out + (offset + begin) * elem, Slot(r, round) + begin * elem, (end - begin) * elem);
     }
     mine->copied.value.store(round + 1, std::memory_order_release);

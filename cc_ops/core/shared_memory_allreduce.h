@@ -40,9 +40,9 @@ class SharedMemoryAllreduce {
  private:
   struct Header;
   enum class Stage { kStaged, kReduced, kCopied };
-  // Waits until every peer's `stage` counter reaches `round`; fails if a peer
-  // process is gone.
-  Status WaitForPeers(Stage stage, uint64_t round) const;
+  // Waits until `peer`'s (or every peer's) `stage` counter reaches `round`.
+  void WaitForPeer(int peer, Stage stage, uint64_t round) const;
+  void WaitForPeers(Stage stage, uint64_t round) const;
   uint8_t* Slot(int rank, uint64_t round) const;
 
   MPI_Comm local_ = MPI_COMM_NULL;
