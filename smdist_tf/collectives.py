@@ -8,7 +8,6 @@ graph collectives use their (unique) node name.
 
 from __future__ import annotations
 
-import collections
 import warnings
 from typing import Any, Optional, Sequence, Union
 
@@ -29,7 +28,6 @@ _MOVABLE_SET = frozenset(_MOVABLE)
 # The built-in compressors run inside the engine (narrowed while packing the
 # fusion buffer, widened while unpacking); other Compressor classes run in TF.
 _ENGINE_COMPRESSION = {NoneCompressor: "none", FP16Compressor: "fp16", BF16Compressor: "bf16"}
-_eager_counters: collections.Counter = collections.Counter()
 
 
 def _collective_name(kind: str, name: Optional[str]) -> str:
@@ -37,9 +35,9 @@ def _collective_name(kind: str, name: Optional[str]) -> str:
     if name:
         return name
     if tf.executing_eagerly():
-        number = _eager_counters[kind]
-        _eager_counters[kind] += 1
-        return f"{kind}.noname.{number}"
+        # The kernel numbers each call ("allreduce.noname.7"): a name fixed per kind lets
+        # TensorFlow reuse one kernel instead of building one per call.
+        return f"{kind}.noname"
     return ""  # the kernel falls back to its node name, unique in the graph
 
 

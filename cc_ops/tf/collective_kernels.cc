@@ -3,6 +3,8 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <unordered_map>
 
 #include "../core/coordinator.h"
 #include "../core/engine.h"
@@ -17,6 +19,26 @@ using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 namespace bridge = tf_bridge;
+
+// Unnamed eager collectives arrive with the fixed name "<kind>.noname"; each
+// call takes the next number of its kind ("allreduce.noname.7"), so every
+// rank issuing them in the same order agrees on the names. A fixed attribute
+// lets TensorFlow reuse one kernel instead of building one per call.
+constexpr char kNumberedSuffix[] = ".noname";
+
+bool IsNumberedPerCall(const std::string& name) {
+  const size_t n = sizeof(kNumberedSuffix) - 1;
+  return name.size() >= n && name.compare(name.size() - n, n, kNumberedSuffix) == 0;
+}
+
+// Process-wide and never reset, like Horovod's counters: shared by every
+// kernel of a kind (Sum and Average allreduces are different kernels).
+std::string NextNumberedName(const std::string& base) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, uint64_t> next;
+  std::lock_guard<std::mutex> lock(mu);
+  return base + "." + std::to_string(next[base]++);
+}
 
 // Completes the op once every entry it submitted is done, with the first
 // error any of them reported.
@@ -49,21 +71,26 @@ class CollectiveKernel : public AsyncOpKernel {
   explicit CollectiveKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
     if (tensor_name_.empty()) tensor_name_ = name();
+    numbered_per_call_ = IsNumberedPerCall(tensor_name_);
   }
 
  protected:
-  std::string EntryName(int index, int count) const {
-    return count == 1 ? tensor_name_ : tensor_name_ + "." + std::to_string(index);
+  // The name of this call's collective (numbered for unnamed eager calls).
+  std::string CallName() const { return numbered_per_call_ ? NextNumberedName(tensor_name_) : tensor_name_; }
+
+  static std::string EntryName(const std::string& call_name, int index, int count) {
+    return count == 1 ? call_name : call_name + "." + std::to_string(index);
   }
 
   // Fills the fields every entry shares from input `index`.
-  absl::Status Describe(OpKernelContext* ctx, int index, int count, TensorEntry* e) {
+  absl::Status Describe(const std::string& call_name, OpKernelContext* ctx, int index, int count,
+                        TensorEntry* e) {
     const Tensor& input = ctx->input(index);
     if (!bridge::ToEngineType(input.dtype(), &e->dtype)) {
       return absl::InvalidArgumentError("smdist_tf does not support dtype " +
                                         tensorflow::DataTypeString(input.dtype()));
     }
-    e->name = EntryName(index, count);
+    e->name = EntryName(call_name, index, count);
     e->shape = bridge::ToDims(input.shape());
     e->input = input.tensor_data().data();
     return absl::OkStatus();
@@ -86,6 +113,7 @@ class CollectiveKernel : public AsyncOpKernel {
   }
 
   std::string tensor_name_;
+  bool numbered_per_call_ = false;
 };
 
 class AllreduceKernel : public CollectiveKernel {
@@ -109,9 +137,10 @@ class AllreduceKernel : public CollectiveKernel {
     const int n = ctx->num_inputs();
     auto completion = std::make_shared<OpCompletion>(ctx, done, n);
     std::vector<TensorEntry> entries(n);
+    const std::string call_name = CallName();
     for (int i = 0; i < n; ++i) {
       TensorEntry& e = entries[i];
-      OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, i, n, &e), done);
+      OP_REQUIRES_OK_ASYNC(ctx, Describe(call_name, ctx, i, n, &e), done);
       Tensor* out = nullptr;
       OP_REQUIRES_OK_ASYNC(
           ctx, ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out), done);
@@ -144,9 +173,10 @@ class BroadcastKernel : public CollectiveKernel {
     const int size = Engine::Instance().topology().size;
     auto completion = std::make_shared<OpCompletion>(ctx, done, n);
     std::vector<TensorEntry> entries(n);
+    const std::string call_name = CallName();
     for (int i = 0; i < n; ++i) {
       TensorEntry& e = entries[i];
-      OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, i, n, &e), done);
+      OP_REQUIRES_OK_ASYNC(ctx, Describe(call_name, ctx, i, n, &e), done);
       Tensor* out = nullptr;
       OP_REQUIRES_OK_ASYNC(
           ctx, ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out), done);
@@ -174,7 +204,7 @@ class AllgatherKernel : public CollectiveKernel {
     auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
     std::vector<TensorEntry> entries(1);
     TensorEntry& e = entries[0];
-    OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, 0, 1, &e), done);
+    OP_REQUIRES_OK_ASYNC(ctx, Describe(CallName(), ctx, 0, 1, &e), done);
     e.type = CollectiveType::kAllgather;
     if (e.shape.empty()) {
       e.local_error = "allgather of '" + e.name + "' needs a tensor of rank >= 1, got a scalar";
@@ -199,7 +229,7 @@ class AlltoallKernel : public CollectiveKernel {
     auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
     std::vector<TensorEntry> entries(1);
     TensorEntry& e = entries[0];
-    OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, 0, 1, &e), done);
+    OP_REQUIRES_OK_ASYNC(ctx, Describe(CallName(), ctx, 0, 1, &e), done);
     e.type = CollectiveType::kAlltoall;
     e.local_error = ReadSplits(ctx->input(1), e.name, e.shape, &e.splits);
     e.allocate_output = [ctx](const std::vector<int64_t>& shape, void** data) {
@@ -271,7 +301,7 @@ class ReducescatterKernel : public CollectiveKernel {
     auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
     std::vector<TensorEntry> entries(1);
     TensorEntry& e = entries[0];
-    OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, 0, 1, &e), done);
+    OP_REQUIRES_OK_ASYNC(ctx, Describe(CallName(), ctx, 0, 1, &e), done);
     e.type = CollectiveType::kReducescatter;
     e.reduce_op = reduce_op_;
     e.prescale = prescale_;
@@ -303,7 +333,7 @@ class BarrierKernel : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
     std::vector<TensorEntry> entries(1);
-    entries[0].name = tensor_name_;
+    entries[0].name = CallName();
     entries[0].type = CollectiveType::kBarrier;
     entries[0].done = [completion](const Status& s) { completion->EntryDone(s); };
     Submit(ctx, std::move(entries), completion, done);

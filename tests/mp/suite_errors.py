@@ -7,6 +7,7 @@ engine restart it (shutdown() then init() reads the environment again).
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import threading
 import time
@@ -64,6 +65,25 @@ class MismatchTest(tf.test.TestCase):
         self.assert_fails_everywhere(
             lambda: sd.allreduce(tf.ones([2, RANK + 1]), name="m.shape"), "mismatched shapes", "'m.shape'", r"\[2, 1\]", r"\[2, 2\]"
         )
+
+    def test_unnamed_eager_calls_are_numbered_per_kind_in_call_order(self):
+        # The kernel numbers unnamed eager calls; the number shows in the error of a mismatched one.
+        def mismatched_number():
+            with self.assertRaises(tf.errors.FailedPreconditionError) as ctx:
+                sd.allreduce(tf.ones([RANK + 1]))
+            match = re.search(r"'allreduce\.noname\.(\d+)'", ctx.exception.message)
+            self.assertIsNotNone(match, ctx.exception.message)
+            return int(match.group(1))
+
+        first = mismatched_number()
+        # Different kernels (Sum, Average, a group of two) share one counter; other kinds have their own.
+        self.assertAllEqual(sd.allreduce(tf.fill([3], float(RANK)), op=sd.Sum), np.full([3], SIZE * (SIZE - 1) / 2))
+        self.assertAllClose(sd.allreduce(tf.fill([2], float(RANK)), op=sd.Average), np.full([2], (SIZE - 1) / 2))
+        outs = sd.grouped_allreduce([tf.ones([2]), tf.ones([5], tf.float64)], op=sd.Sum)
+        self.assertAllEqual(outs[1], np.full([5], float(SIZE)))
+        self.assertAllEqual(sd.allgather(tf.fill([1], RANK)), np.arange(SIZE))
+        sd.barrier()
+        self.assertEqual(mismatched_number(), first + 4)
 
     def test_dtype(self):
         dtype = tf.float32 if RANK == 0 else tf.float64
