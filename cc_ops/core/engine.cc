@@ -10,6 +10,7 @@
 #include "logging.h"
 #include "mpi_point_to_point.h"
 #include "mpi_transport.h"
+#include "numbered_names.h"
 #include "response_cache.h"
 
 namespace smdist {
@@ -372,7 +373,7 @@ bool Engine::Execute(CycleState* state, const Response& response, bool remember)
       // Numbered unnamed eager collectives ("allreduce.noname.7") never recur:
       // caching them would only crowd out the ones that do. A rule on the name
       // alone, which every rank shares, keeps the caches' bits in step.
-      if (request.name.find(".noname.") != std::string::npos) continue;
+      if (IsNumberedCallName(request.name)) continue;
       Response single = response;
       single.names = {request.name};
       state->cache.Put(request, single);

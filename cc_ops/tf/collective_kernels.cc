@@ -8,6 +8,7 @@
 
 #include "../core/coordinator.h"
 #include "../core/engine.h"
+#include "../core/numbered_names.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_engine_bridge.h"
 
@@ -20,19 +21,11 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 namespace bridge = tf_bridge;
 
-// Unnamed eager collectives arrive with the fixed name "<kind>.noname"; each
-// call takes the next number of its kind ("allreduce.noname.7"), so every
-// rank issuing them in the same order agrees on the names. A fixed attribute
-// lets TensorFlow reuse one kernel instead of building one per call.
-constexpr char kNumberedSuffix[] = ".noname";
-
-bool IsNumberedPerCall(const std::string& name) {
-  const size_t n = sizeof(kNumberedSuffix) - 1;
-  return name.size() >= n && name.compare(name.size() - n, n, kNumberedSuffix) == 0;
-}
-
-// Process-wide and never reset, like Horovod's counters: shared by every
-// kernel of a kind (Sum and Average allreduces are different kernels).
+// Unnamed eager collectives arrive with the fixed name "<kind>.noname" (a
+// fixed attribute lets TensorFlow reuse one kernel instead of building one per
+// call); each call takes the next number of its kind. Process-wide and never
+// reset, like Horovod's counters: shared by every kernel of a kind (Sum and
+// Average allreduces are different kernels).
 std::string NextNumberedName(const std::string& base) {
   static std::mutex mu;
   static std::unordered_map<std::string, uint64_t> next;

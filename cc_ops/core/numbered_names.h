@@ -1,0 +1,24 @@
+// Names of unnamed eager collectives. Frameworks submit them under a fixed
+// "<kind>.noname" and number each call ("allreduce.noname.7"): every rank that
+// issues them in the same order agrees on the names, and the engine knows
+// such a name never recurs.
+#pragma once
+
+#include <string>
+
+namespace smdist {
+
+constexpr char kNumberedNameSuffix[] = ".noname";
+
+// Whether `name` asks to be numbered per call ("allreduce.noname").
+inline bool IsNumberedPerCall(const std::string& name) {
+  const size_t n = sizeof(kNumberedNameSuffix) - 1;
+  return name.size() >= n && name.compare(name.size() - n, n, kNumberedNameSuffix) == 0;
+}
+
+// Whether `name` is one numbered call ("allreduce.noname.7", or ".7.0" in a group).
+inline bool IsNumberedCallName(const std::string& name) {
+  return name.find(std::string(kNumberedNameSuffix) + ".") != std::string::npos;
+}
+
+}  // namespace smdist
