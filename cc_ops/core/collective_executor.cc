@@ -4,6 +4,7 @@
 
 #include "coordinator.h"
 #include "reduction.h"
+#include "span_staging.h"
 #include "wire_compression.h"
 
 namespace smdist {
@@ -87,11 +88,17 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
   const DataType dtype = first.dtype;
   const size_t elem = DataTypeSize(dtype);
   const DataType wire = WireDataType(dtype, first.compression);
-  if (wire != dtype) return AllreduceCompressed(entries, wire);
-  if (entries->size() == 1) return AllreduceSingle(&(*entries)[0]);
   int64_t total = 0;
   for (const TensorEntry& e : *entries) total += NumElements(e.shape);
-  if (first.prescale == 1.0 && transport_->CanAllreduceSpans(total * static_cast<int64_t>(elem), entries->size())) {
+  const int64_t wire_bytes = total * static_cast<int64_t>(DataTypeSize(wire));
+  // Large uncompressed allreduces read peers' tensors in place (cross-memory
+  // attach); the rest, compressed ones included, are staged through shared
+  // memory, which converts and scales on the way in and out.
+  const bool in_place = wire == dtype && transport_->CanAllreduceSpans(wire_bytes, entries->size());
+  if (!in_place && transport_->CanAllreduceStaged(wire_bytes)) return AllreduceStaged(*entries, wire);
+  if (wire != dtype) return AllreduceCompressed(entries, wire);
+  if (entries->size() == 1) return AllreduceSingle(&(*entries)[0]);
+  if (first.prescale == 1.0 && in_place) {
     std::vector<const TensorEntry*> all;
     for (const TensorEntry& e : *entries) all.push_back(&e);
     return AllreduceInPlace(all);
@@ -139,6 +146,36 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
     offset += bytes;
   }
   Trace("COPY_OUT_FUSION_BUFFER", t0);
+  return Status::OK();
+}
+
+bool CollectiveExecutor::FoldedPostscale(const TensorEntry& first, double* postscale) const {
+  if (!IsFloatingPoint(first.dtype) && first.reduce_op == ReduceOp::kAverage) {
+    *postscale = 1.0;
+    return false;
+  }
+  *postscale = first.postscale;
+  if (first.reduce_op == ReduceOp::kAverage) *postscale /= transport_->topology().size;
+  return true;
+}
+
+Status CollectiveExecutor::AllreduceStaged(const std::vector<TensorEntry>& entries, DataType wire) {
+  const TensorEntry& first = entries[0];
+  double postscale = 1.0;
+  const bool folded = FoldedPostscale(first, &postscale);
+  std::vector<TensorSpan> spans;
+  spans.reserve(entries.size());
+  for (const TensorEntry& e : entries) {
+    const int64_t count = NumElements(e.shape);
+    if (count > 0) spans.push_back({e.input, e.output, count});
+  }
+  const auto t0 = Timeline::Clock::now();
+  SMDIST_RETURN_IF_ERROR(transport_->AllreduceStaged(
+      SpanStaging(spans, first.dtype, wire, first.prescale, postscale), WireOp(first.reduce_op)));
+  if (!folded) {
+    for (const TensorSpan& s : spans) FinishReduction(first.dtype, first.reduce_op, first.postscale, s.output, s.count);
+  }
+  Trace("ALLREDUCE", t0);
   return Status::OK();
 }
 
@@ -207,12 +244,8 @@ Status CollectiveExecutor::AllreduceInPlace(const std::vector<const TensorEntry*
   // The transport reads every tensor where it lies: no fusion-buffer copies,
   // and the final scaling happens while each shard is still in cache.
   const TensorEntry& first = *entries[0];
-  const bool fold_scaling = IsFloatingPoint(first.dtype) || first.reduce_op != ReduceOp::kAverage;
   double postscale = 1.0;
-  if (fold_scaling) {
-    postscale = first.postscale;
-    if (first.reduce_op == ReduceOp::kAverage) postscale /= transport_->topology().size;
-  }
+  const bool fold_scaling = FoldedPostscale(first, &postscale);
   std::vector<TensorSpan> spans;
   spans.reserve(entries.size());
   for (const TensorEntry* e : entries) {

@@ -31,13 +31,21 @@ class CollectiveExecutor {
   Status AllreduceSingle(TensorEntry* entry);
   // Fused or single allreduce straight between the ranks' tensors (no fusion buffer).
   Status AllreduceInPlace(const std::vector<const TensorEntry*>& entries);
-  // Compression.fp16/bf16: narrow into the fusion buffer, reduce the wire
-  // type, widen into the outputs (scaling folded into both passes).
+  // Through a transport that stages the tensors itself (shared memory): no
+  // fusion buffer, with conversion to `wire` and scaling folded into the copies.
+  Status AllreduceStaged(const std::vector<TensorEntry>& entries, DataType wire);
+  // Compression.fp16/bf16 without staging: narrow into the fusion buffer,
+  // reduce the wire type, widen into the outputs (scaling folded into both passes).
   Status AllreduceCompressed(std::vector<TensorEntry>* entries, DataType wire);
   Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims);
   Status Broadcast(TensorEntry* entry);
   Status Alltoall(TensorEntry* entry, const std::vector<int64_t>& split_matrix);
   Status Reducescatter(TensorEntry* entry);
+
+  // The factor results are multiplied by when scaling is folded into a
+  // transport's pass (postscale, and 1/size for Average); false for integer
+  // Average, which divides afterwards like TF does.
+  bool FoldedPostscale(const TensorEntry& first, double* postscale) const;
 
   // Sum-then-scale: turns Average into Sum plus a division and applies the
   // postscale factor to `count` reduced elements.

@@ -256,8 +256,8 @@ Status MpiTransport::Allreduce(const void* input, void* output, int64_t count, D
   if (CanAllreduceSpans(count * static_cast<int64_t>(elem), 1)) {
     return cma_->Run({TensorSpan{input, output, count}}, dtype, op, 1.0);
   }
-  if (shm_ && count * static_cast<int64_t>(elem) >= shm_min_bytes_) {
-    return shm_->Run(input, output, count, dtype, op);
+  if (CanAllreduceStaged(count * static_cast<int64_t>(elem))) {
+    return shm_->Run(SpanStaging({TensorSpan{input, output, count}}, dtype, dtype, 1.0, 1.0), op);
   }
   const auto* in = static_cast<const uint8_t*>(input);
   auto* out = static_cast<uint8_t*>(output);
@@ -278,6 +278,14 @@ bool MpiTransport::CanAllreduceSpans(int64_t total_bytes, size_t num_spans) cons
 Status MpiTransport::AllreduceSpans(const std::vector<TensorSpan>& spans, DataType dtype,
                                     ReduceOp op, double postscale) {
   return cma_->Run(spans, dtype, op, postscale);
+}
+
+bool MpiTransport::CanAllreduceStaged(int64_t wire_bytes) const {
+  return shm_ != nullptr && wire_bytes >= shm_min_bytes_ && wire_bytes > 0;
+}
+
+Status MpiTransport::AllreduceStaged(const SpanStaging& staging, ReduceOp op) {
+  return shm_->Run(staging, op);
 }
 
 Status MpiTransport::Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,

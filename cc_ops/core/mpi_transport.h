@@ -42,6 +42,8 @@ class MpiTransport : public Transport {
   bool CanAllreduceSpans(int64_t total_bytes, size_t num_spans) const override;
   Status AllreduceSpans(const std::vector<TensorSpan>& spans, DataType dtype, ReduceOp op,
                         double postscale) override;
+  bool CanAllreduceStaged(int64_t wire_bytes) const override;
+  Status AllreduceStaged(const SpanStaging& staging, ReduceOp op) override;
   bool hierarchical() const { return hierarchical_; }
   // True when single-host allreduces read peers' memory directly.
   bool cross_memory_attach() const { return cma_ != nullptr; }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <new>
 
 #include "mpi_types.h"
@@ -83,12 +82,11 @@ void SharedMemoryAllreduce::WaitForPeers(Stage stage, uint64_t round) const {
   }
 }
 
-Status SharedMemoryAllreduce::Run(const void* input, void* output, int64_t count, DataType dtype,
-                                  ReduceOp op) {
+Status SharedMemoryAllreduce::Run(const SpanStaging& staging, ReduceOp op) {
+  const DataType dtype = staging.wire();
+  const int64_t count = staging.count();
   const size_t elem = DataTypeSize(dtype);
   const int64_t chunk = round_bytes_ / static_cast<int64_t>(elem);
-  const auto* in = static_cast<const uint8_t*>(input);
-  auto* out = static_cast<uint8_t*>(output);
   Header* mine = headers_[local_rank_];
   std::vector<const void*> sources(local_size_);
   for (int64_t offset = 0; offset < count; offset += chunk, ++rounds_done_) {
@@ -96,7 +94,7 @@ Status SharedMemoryAllreduce::Run(const void* input, void* output, int64_t count
     const int64_t n = std::min(chunk, count - offset);
     // This slot was last used two rounds ago: every peer must have read it.
     if (round >= 2) WaitForPeers(Stage::kCopied, round - 1);
-    std::memcpy(Slot(local_rank_, round), in + offset * elem, n * elem);
+    staging.StageIn(offset, n, Slot(local_rank_, round));
     mine->staged.value.store(round + 1, std::memory_order_release);
     WaitForPeers(Stage::kStaged, round + 1);
 
@@ -120,13 +118,13 @@ Status SharedMemoryAllreduce::Run(const void* input, void* output, int64_t count
     }
     mine->reduced.value.store(round + 1, std::memory_order_release);
 
-    if (end > begin) std::memcpy(out + (offset + begin) * elem, my_shard, (end - begin) * elem);
+    if (end > begin) staging.StageOut(offset + begin, end - begin, my_shard);
     for (int r = 0; r < local_size_; ++r) {
       if (r == local_rank_) continue;
       ShardRange(n, elem, local_size_, r, &begin, &end);
       if (end <= begin) continue;
       WaitForPeer(r, Stage::kReduced, round + 1);
-      std::memcpy(out + (offset + begin) * elem, Slot(r, round) + begin * elem, (end - begin) * elem);
+      staging.StageOut(offset + begin, end - begin, Slot(r, round) + begin * elem);
     }
     mine->copied.value.store(round + 1, std::memory_order_release);
   }

@@ -1,5 +1,6 @@
 // Allreduce among the ranks of one host through a shared-memory window: each
-// rank stages its data in its own segment, reduces one shard straight from
+// rank stages its data in its own segment (straight from its tensors, through
+// a SpanStaging that also converts and scales), reduces one shard straight from
 // every peer's segment (no MPI copies), optionally allreduces that shard with
 // the same-shard owners on other hosts (hierarchical), and copies every
 // reduced shard back out. Each rank does 1/local_size of the arithmetic.
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "shared_window.h"
+#include "span_staging.h"
 #include "status.h"
 #include "types.h"
 
@@ -31,7 +33,9 @@ class SharedMemoryAllreduce {
   SharedMemoryAllreduce(const SharedMemoryAllreduce&) = delete;
   SharedMemoryAllreduce& operator=(const SharedMemoryAllreduce&) = delete;
 
-  Status Run(const void* input, void* output, int64_t count, DataType dtype, ReduceOp op);
+  // Reduces `staging`'s elements (its wire type) across the host's ranks and
+  // writes the result through it. Every local rank passes the same count.
+  Status Run(const SpanStaging& staging, ReduceOp op);
 
   // Bytes staged per rank per round on a single host: rounds that stay in
   // cache, and the next round is staged while peers copy out the last.

@@ -12,6 +12,8 @@
 
 namespace smdist {
 
+class SpanStaging;
+
 struct Topology {
   int rank = 0;
   int size = 1;
@@ -60,6 +62,13 @@ class Transport {
   virtual Status AllreduceSpans(const std::vector<TensorSpan>& spans, DataType dtype, ReduceOp op,
                                 double postscale) {
     return Status::Unknown("this transport cannot reduce tensors in place");
+  }
+  // Allreduce for transports that stage the data themselves: `staging` copies
+  // (and converts and scales) the tensors in and out, so no fusion buffer is
+  // needed. Only called when CanAllreduceStaged() said yes for this many wire bytes.
+  virtual bool CanAllreduceStaged(int64_t wire_bytes) const { return false; }
+  virtual Status AllreduceStaged(const SpanStaging& staging, ReduceOp op) {
+    return Status::Unknown("this transport cannot stage allreduces");
   }
   // Concatenates every rank's `send` into `recv` in rank order.
   virtual Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,

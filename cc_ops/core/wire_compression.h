@@ -1,8 +1,7 @@
 // Compression.fp16 / Compression.bf16 done inside the engine: float tensors
-// are narrowed into the fusion buffer on the way in and widened into the
-// outputs on the way out, each in one pass that also applies the scaling, so
-// compression costs no extra passes over memory and the reduction moves half
-// the bytes.
+// are narrowed on the way in (into the shared-memory rounds, or the fusion
+// buffer) and widened into the outputs on the way out, each in one pass that
+// also applies the scaling, so the reduction moves half the bytes.
 #pragma once
 
 #include <cstdint>

@@ -313,6 +313,23 @@ class SharedMemoryPathTest(tf.test.TestCase):
         self.assertTrue(np.isnan(out[40000]))
         self.assertEqual(out[0], 2.0 * SIZE)
 
+    def _check_fused_spans(self, prefix):
+        # One response of many tensors, empty ones included, reduced without a fusion buffer;
+        # integer Average divides afterwards, float scaling is folded into the copies.
+        from tests.mp.collective_expectations import all_rank_values, expected_reduction, tolerance
+
+        shapes = [(0,), (5,), (1,), (70001,), (0, 3), (33, 2), (1,)]
+        for dtype in [tf.float32, tf.float16, tf.bfloat16, tf.int32]:
+            for op, pre, post in [(sd.Sum, 1.0, 1.0), (sd.Average, 1.0, 1.0), (sd.Sum, 1.0, 0.5), (sd.Average, 2.0, 3.0), (sd.Max, 1.0, 1.0)]:
+                with self.subTest(dtype=dtype.name, op=op, pre=pre, post=post):
+                    values = [all_rank_values(shape, dtype, op, seed=i) for i, shape in enumerate(shapes)]
+                    outs = sd.grouped_allreduce([tf.constant(v[RANK], dtype) for v in values], op=op,
+                                                prescale_factor=pre, postscale_factor=post,
+                                                name=f"{prefix}.{dtype.name}.{op}.{pre}.{post}")
+                    for out, v in zip(outs, values):
+                        self.assertEqual(out.shape, v[RANK].shape)
+                        self.assertAllClose(tf.cast(out, tf.float64), expected_reduction(v, op, dtype, pre, post), **tolerance(dtype))
+
     def test_default_threshold_large_tensors(self):
         self.assertGreater(sd.engine_config()["shm_segment_bytes"], 0)
         self._check_all([70001, 300001])
@@ -327,6 +344,8 @@ class SharedMemoryPathTest(tf.test.TestCase):
             vals = np.full([8192], 2048.0 if RANK == 0 else 1.0, np.float16)
             out = sd.allreduce(tf.constant(vals), op=sd.Sum, name="shm.accumulate").numpy()
             self.assertAllEqual(out, np.full([8192], np.float16(2048.0 + (SIZE - 1))))
+            # Fused tensors staged straight into the rounds: spans cross round and shard edges.
+            self._check_fused_spans("shm.fused")
         finally:
             restart_engine(SMDIST_SHM_SEGMENT_BYTES="", SMDIST_SHM_MIN_BYTES="", SMDIST_CROSS_MEMORY_ATTACH="")
 
@@ -348,19 +367,7 @@ class CrossMemoryPathTest(tf.test.TestCase):
         SharedMemoryPathTest._check_all(self, [1, 3, 17, 1000, 70001])
 
     def test_fused_spans_with_empty_tensors_and_scaling(self):
-        from tests.mp.collective_expectations import all_rank_values, expected_reduction, tolerance
-
-        shapes = [(0,), (5,), (1,), (70001,), (0, 3), (33, 2), (1,)]
-        for dtype in [tf.float32, tf.float16, tf.bfloat16, tf.int32]:
-            for op, pre, post in [(sd.Sum, 1.0, 1.0), (sd.Average, 1.0, 1.0), (sd.Sum, 1.0, 0.5), (sd.Average, 2.0, 3.0), (sd.Max, 1.0, 1.0)]:
-                with self.subTest(dtype=dtype.name, op=op, pre=pre, post=post):
-                    values = [all_rank_values(shape, dtype, op, seed=i) for i, shape in enumerate(shapes)]
-                    outs = sd.grouped_allreduce([tf.constant(v[RANK], dtype) for v in values], op=op,
-                                                prescale_factor=pre, postscale_factor=post,
-                                                name=f"cma.{dtype.name}.{op}.{pre}.{post}")
-                    for out, v in zip(outs, values):
-                        self.assertEqual(out.shape, v[RANK].shape)
-                        self.assertAllClose(tf.cast(out, tf.float64), expected_reduction(v, op, dtype, pre, post), **tolerance(dtype))
+        SharedMemoryPathTest._check_fused_spans(self, "cma")
 
     def test_results_bit_identical_on_all_ranks(self):
         x = tf.random.stateless_normal([300001], seed=[RANK, 1])
@@ -389,7 +396,7 @@ class CrossMemoryPathTest(tf.test.TestCase):
 
 
 class WireCompressionTest(tf.test.TestCase):
-    """Compression.fp16/bf16 inside the engine: narrowed into the fusion buffer, reduced, widened back.
+    """Compression.fp16/bf16 inside the engine: narrowed on the way in, reduced, widened back.
 
     Every path: MPI (small), cross-memory attach and the shared-memory copy path (large).
     """
