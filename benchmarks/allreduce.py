@@ -199,6 +199,13 @@ def run_mpi(args: argparse.Namespace, comm: Any, timer: Timer) -> None:
             if rank == 0:
                 note = {} if dtype == "float32" else {"note": "python user-defined MPI_Op (no native type)"}
                 emit(record("mpi", "single", size, dtype, n, secs, iters, **note, **timer.last))
+            if dtype == "float32" and size >= MIB:
+                # What a TensorFlow op must do: an eager op cannot overwrite its input, so it writes a
+                # new output. Reference only; the targets compare with the in-place call above.
+                out = np.empty_like(buf)
+                secs, iters = timer(lambda: comm.Allreduce([buf, mpi_type], [out, mpi_type], op=op))
+                if rank == 0:
+                    emit(record("mpi", "single_out_of_place", size, dtype, n, secs, iters, **timer.last))
     shapes = resnet50_shapes()
     bufs = [np.zeros(int(np.prod(s)), np.float32) for s in shapes]
     total = sum(b.nbytes for b in bufs)
@@ -431,10 +438,11 @@ def mpirun_cmd(np_: int, hosts: Optional[dict] = None, env: Optional[dict] = Non
     return cmd
 
 
-def run_phase(phase: str, args: argparse.Namespace) -> tuple[list[dict], Optional[str]]:
+def run_phase(phase: str, args: argparse.Namespace, repeat: Optional[int] = None) -> tuple[list[dict], Optional[str]]:
     """Runs one worker phase under mpirun; returns its JSON records and an error text if it failed.
 
-    Non-JSON output is passed through to stderr. The whole process group is killed on timeout.
+    Records are tagged with ``repeat`` when given. Non-JSON output is passed through to stderr. The
+    whole process group is killed on timeout.
     """
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", phase, "--iters", str(args.iters),
             "--sizes", ",".join(str(s) for s in args.sizes), "--dtypes", ",".join(args.dtypes),
@@ -459,8 +467,10 @@ def run_phase(phase: str, args: argparse.Namespace) -> tuple[list[dict], Optiona
         except ValueError:
             rec = None
         if isinstance(rec, dict):
+            if repeat is not None:
+                rec["repeat"] = repeat
             records.append(rec)
-            print(line, flush=True)
+            emit(rec)
         elif line.strip():
             print(line, file=sys.stderr)
     if error is None and proc.returncode != 0:
@@ -483,17 +493,19 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return round(a / b, 3) if a and b else None
 
 
-def summarize(records: list[dict], args: argparse.Namespace, errors: list[str], load: dict) -> dict:
-    """The issue #3 target ratios from the result lines.
+def measure_ratios(records: list[dict], args: argparse.Namespace) -> dict:
+    """The measured figures issue #3 is judged by, from one set of result lines.
 
     Returns:
-        One summary dict (``"summary": true``).
+        {field: value}; per-size fields are {size: value}. None where not measured.
     """
     big = [s for s in args.sizes if s >= MIB]
-    busbw_vs_mpi, best_vs_mpi, mwms_vs_mpi, comp = {}, {}, {}, {}
+    busbw_vs_mpi, best_vs_mpi, vs_out_of_place, mwms_vs_mpi, comp = {}, {}, {}, {}, {}
     for s in big:
         mpi = _find(records, "mpi", "single", s)
         sm = _find(records, "smdist_tf", "single", s)
+        oop = _find(records, "mpi", "single_out_of_place", s)
+        vs_out_of_place[str(s)] = _ratio(sm and sm["busbw"], oop and oop["busbw"])
         mw = _find(records, "mwms", "single", s)
         busbw_vs_mpi[str(s)] = _ratio(sm and sm["busbw"], mpi and mpi["busbw"])
         # Same ratio from each side's best repetition: steadier while others load the machine.
@@ -501,46 +513,84 @@ def summarize(records: list[dict], args: argparse.Namespace, errors: list[str], 
         mwms_vs_mpi[str(s)] = _ratio(mw and mw["busbw"], mpi and mpi["busbw"])
         c16 = _find(records, "smdist_tf", "fp16_compression", s)
         comp[str(s)] = _ratio(c16 and c16["seconds"], sm and sm["seconds"])
+
+    def micros(rec: Optional[dict], key: str = "seconds") -> Optional[float]:
+        return round(rec[key] * 1e6, 1) if rec and rec.get(key) else None
+
     lat = _find(records, "smdist_tf", "single", 4096)
-    lat_graph = _find(records, "smdist_tf_graph", "single", 4096)
-    lat_mpi = _find(records, "mpi", "single", 4096)
-    lat_unnamed = _find(records, "smdist_tf", "single_unnamed", 4096)
     fused = _find(records, "smdist_tf", "resnet50_grads_fused")
     unfused = _find(records, "smdist_tf", "resnet50_grads_unfused")
     loop = _find(records, "smdist_tf", "resnet50_grads_eager_loop")
-    ratios = [v for v in busbw_vs_mpi.values() if v is not None]
-    big16 = [v for k, v in busbw_vs_mpi.items() if int(k) >= 16 * MIB and v is not None]
-    comps = [v for v in comp.values() if v is not None]
-    engine = _find_config(records)
     memcpy = _find(records, "memcpy", "local_copy")
     return {
-        "summary": True, "np": args.np, "sizes": args.sizes, "quick": args.quick,
         "busbw_ratio_smdist_vs_mpi_fp32": busbw_vs_mpi,
-        "min_busbw_ratio_ge_1MiB": min(ratios) if ratios else None,
         "busbw_ratio_smdist_vs_mpi_fp32_best_rep": best_vs_mpi,
-        "target_busbw_ge_1x_mpi": (min(ratios) >= 1.0) if ratios else None,
-        "target_busbw_ge_2x_mpi_ge_16MiB": (min(big16) >= 2.0) if big16 else None,
-        "latency_4KiB_eager_us": round(lat["seconds"] * 1e6, 1) if lat else None,
-        "latency_4KiB_eager_best_rep_us": round(lat["seconds_min"] * 1e6, 1) if lat and "seconds_min" in lat else None,
-        "latency_4KiB_tf_function_us": round(lat_graph["seconds"] * 1e6, 1) if lat_graph else None,
-        "latency_4KiB_mpi_us": round(lat_mpi["seconds"] * 1e6, 1) if lat_mpi else None,
-        "latency_4KiB_eager_unnamed_us": round(lat_unnamed["seconds"] * 1e6, 1) if lat_unnamed else None,
-        "target_latency_4KiB_le_100us": (lat["seconds"] <= 100e-6) if lat else None,
+        "busbw_ratio_smdist_vs_mpi_out_of_place_fp32": vs_out_of_place,
+        "latency_4KiB_eager_us": micros(lat),
+        "latency_4KiB_eager_best_rep_us": micros(lat, "seconds_min"),
+        "latency_4KiB_tf_function_us": micros(_find(records, "smdist_tf_graph", "single", 4096)),
+        "latency_4KiB_mpi_us": micros(_find(records, "mpi", "single", 4096)),
+        "latency_4KiB_eager_unnamed_us": micros(_find(records, "smdist_tf", "single_unnamed", 4096)),
         "resnet50_fused_s": fused and fused["seconds"], "resnet50_unfused_s": unfused and unfused["seconds"],
         "resnet50_eager_loop_s": loop and loop["seconds"],
         "fused_speedup_vs_unfused": _ratio(unfused and unfused["seconds"], fused and fused["seconds"]),
         "fused_speedup_vs_eager_loop": _ratio(loop and loop["seconds"], fused and fused["seconds"]),
-        "target_fused_ge_3x": (unfused["seconds"] / fused["seconds"] >= 3.0) if fused and unfused else None,
         "fp16_compression_time_ratio_vs_fp32": comp,
-        "fp16_compression_wire_bytes_ratio": 0.5,
-        "target_fp16_compression_faster_ge_1MiB": (max(comps) < 1.0) if comps else None,
         "busbw_ratio_mwms_vs_mpi_fp32": mwms_vs_mpi,
         "memcpy_GBps": memcpy and memcpy["algbw_GBps"],
-        "smdist_engine_config": engine,
+    }
+
+
+def median_of_repeats(per_repeat: list[dict]) -> dict:
+    """Combines measure_ratios() results of several repeats: the median of each figure (per size for
+    per-size fields), ignoring repeats that did not measure it.
+
+    Args:
+        per_repeat: one measure_ratios() dict per repeat, all with the same fields.
+
+    Returns:
+        A dict of the same shape.
+    """
+
+    def median(values: list) -> Optional[float]:
+        present = [v for v in values if v is not None]
+        return round(statistics.median(present), 4) if present else None
+
+    combined: dict[str, Any] = {}
+    for key, first in per_repeat[0].items():
+        if isinstance(first, dict):
+            combined[key] = {size: median([r[key].get(size) for r in per_repeat]) for size in first}
+        else:
+            combined[key] = median([r[key] for r in per_repeat])
+    return combined
+
+
+def summarize(figures: dict, records: list[dict], args: argparse.Namespace, errors: list[str], load: dict) -> dict:
+    """The summary line: ``figures`` (from measure_ratios or median_of_repeats) and the targets judged on them.
+
+    Returns:
+        One summary dict (``"summary": true``).
+    """
+    ratios = [v for v in figures["busbw_ratio_smdist_vs_mpi_fp32"].values() if v is not None]
+    big16 = [v for k, v in figures["busbw_ratio_smdist_vs_mpi_fp32"].items() if int(k) >= 16 * MIB and v is not None]
+    comps = [v for v in figures["fp16_compression_time_ratio_vs_fp32"].values() if v is not None]
+    lat, speedup = figures["latency_4KiB_eager_us"], figures["fused_speedup_vs_unfused"]
+    summary = {"summary": True, "np": args.np, "sizes": args.sizes, "quick": args.quick, "repeats": args.repeat}
+    summary.update(figures)
+    summary.update({
+        "min_busbw_ratio_ge_1MiB": min(ratios) if ratios else None,
+        "target_busbw_ge_1x_mpi": (min(ratios) >= 1.0) if ratios else None,
+        "target_busbw_ge_2x_mpi_ge_16MiB": (min(big16) >= 2.0) if big16 else None,
+        "target_latency_4KiB_le_100us": (lat <= 100.0) if lat is not None else None,
+        "target_fused_ge_3x": (speedup >= 3.0) if speedup is not None else None,
+        "fp16_compression_wire_bytes_ratio": 0.5,
+        "target_fp16_compression_faster_ge_1MiB": (max(comps) < 1.0) if comps else None,
+        "smdist_engine_config": _find_config(records),
         "load_average": load,
         "systems_present": sorted({r["system"] for r in records if r.get("seconds")}),
         "errors": errors,
-    }
+    })
+    return summary
 
 
 def _library_mtime() -> Optional[str]:
@@ -567,6 +617,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",") if x],
                    help="comma-separated sizes, e.g. 4K,1M,64M (default 4K..64M in powers of 4)")
     p.add_argument("--iters", type=int, help="timed repetitions per case; the median is reported (default 5)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the smdist_tf/mpi phase this many times (fresh processes); the summary reports "
+                        "the median of each figure over the runs, and one repeat_summary line per run")
     p.add_argument("--dtypes", type=lambda s: s.split(","), default=DTYPES, help="subset of float32,float16,bfloat16")
     p.add_argument("--systems", type=lambda s: s.split(","), default=ALL_SYSTEMS,
                    help="subset of smdist_tf,mpi,mwms,memcpy")
@@ -578,6 +631,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     args.iters = args.iters or (3 if args.quick else 5)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
     bad = set(args.systems) - set(ALL_SYSTEMS) or set(args.dtypes) - set(DTYPES)
     if bad:
         p.error(f"unknown system/dtype: {sorted(bad)}")
@@ -619,15 +674,29 @@ def _drive(args: argparse.Namespace) -> int:
         rec = measure_memcpy(args.np, args.iters)
         records.append(rec)
         emit(rec)
-    phases = ([] if not {"smdist_tf", "mpi"} & set(args.systems) else ["core"]) + \
-        (["mwms"] if "mwms" in args.systems else [])
-    for phase in phases:
-        recs, err = run_phase(phase, args)
+    core = {"smdist_tf", "mpi"} & set(args.systems)
+    # The core phase runs `repeat` times (fresh processes each time: this VM's speed drifts between
+    # runs more than within one), MWMS once; the summary takes the median of each figure.
+    per_repeat: list[dict] = []
+    for rep in range(args.repeat if core else 0):
+        recs, err = run_phase("core", args, rep if args.repeat > 1 else None)
         records += recs
         if err:
             errors.append(err)
+        per_repeat.append(recs)
+    if "mwms" in args.systems:
+        recs, err = run_phase("mwms", args)
+        records += recs
+        if err:
+            errors.append(err)
+    shared = [r for r in records if "repeat" not in r]
+    figures_per_repeat = [measure_ratios(shared + recs, args) for recs in per_repeat] or [measure_ratios(records, args)]
+    if len(figures_per_repeat) > 1:
+        for rep, figures in enumerate(figures_per_repeat):
+            emit({"repeat_summary": rep, "np": args.np, **figures})
     load["end"] = list(os.getloadavg())
-    summary = summarize(records, args, errors, {"start": load["start"], "end": load["end"]})
+    summary = summarize(median_of_repeats(figures_per_repeat), records, args, errors,
+                        {"start": load["start"], "end": load["end"]})
     summary["two_hosts"] = args.hosts is not None
     summary["smdist_library_mtime_utc"] = load["library_mtime_utc"]
     summary["smdist_library_rebuilt_during_run"] = load["library_mtime_utc"] != _library_mtime()

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -83,3 +84,35 @@ def test_two_hosts_run_crosses_the_veth() -> None:
     assert config["intra_host_allreduce"] == "mpi"  # no local peer: every byte crossed the veth
     assert summary["fp16_compression_time_ratio_vs_fp32"].get(str(1 << 20)) is not None
 
+
+
+def test_repeats_are_summarised_by_their_median() -> None:
+    """--repeat N: each figure is the median over the runs that measured it; targets follow the medians."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import allreduce as bench
+
+    args = bench.parse_args(["--np", "2", "--sizes", "4K,1M,16M", "--repeat", "3"])
+
+    def run(mpi_s: float, smdist_s: float, fused_s: Optional[float]) -> list[dict]:
+        recs = []
+        for size in (4096, 1 << 20, 16 << 20):
+            recs.append(bench.record("mpi", "single", size, "float32", 2, mpi_s * size / 4096, 10))
+            recs.append(bench.record("smdist_tf", "single", size, "float32", 2, smdist_s * size / 4096, 10))
+        if fused_s is not None:
+            recs.append(bench.record("smdist_tf", "resnet50_grads_fused", 1 << 20, "float32", 2, fused_s, 10))
+            recs.append(bench.record("smdist_tf", "resnet50_grads_unfused", 1 << 20, "float32", 2, 1.0, 10))
+        return recs
+
+    runs = [run(1e-4, 2e-4, 0.5), run(1e-4, 0.5e-4, None), run(1e-4, 0.8e-4, 0.2)]
+    figures = [bench.measure_ratios(r, args) for r in runs]
+    assert [f["busbw_ratio_smdist_vs_mpi_fp32"][str(1 << 20)] for f in figures] == [0.5, 2.0, 1.25]
+    combined = bench.median_of_repeats(figures)
+    assert combined["busbw_ratio_smdist_vs_mpi_fp32"] == {str(1 << 20): 1.25, str(16 << 20): 1.25}
+    assert combined["latency_4KiB_eager_us"] == 80.0
+    assert combined["fused_speedup_vs_unfused"] == 3.5  # median of the two runs that measured it
+    assert combined["fp16_compression_time_ratio_vs_fp32"] == {str(1 << 20): None, str(16 << 20): None}
+    summary = bench.summarize(combined, [r for run_ in runs for r in run_], args, [], {})
+    assert summary["repeats"] == 3
+    assert summary["target_busbw_ge_1x_mpi"] is True and summary["target_busbw_ge_2x_mpi_ge_16MiB"] is False
+    assert summary["target_latency_4KiB_le_100us"] is True and summary["target_fused_ge_3x"] is True
+    assert summary["target_fp16_compression_faster_ge_1MiB"] is None
