@@ -41,6 +41,25 @@ def _collective_name(kind: str, name: Optional[str]) -> str:
     return ""  # the kernel falls back to its node name, unique in the graph
 
 
+def _unordered(result: Any) -> Any:
+    """Lets a collective inside ``tf.function`` start as soon as its inputs are ready.
+
+    tf.function chains stateful ops in program order, which would run a step's
+    collectives one after another, each waiting for the last to finish on every
+    rank, and never fused. The engine matches collectives by name, not order, and
+    they touch no state but their own inputs and outputs, so they are marked to
+    run independently (still always run, before the function returns). Barriers
+    and point-to-point ops keep their order.
+    """
+    if tf.executing_eagerly():
+        return result
+    first = result[0] if isinstance(result, (list, tuple)) else result
+    manager = getattr(first.graph, "experimental_acd_manager", None)  # set while tf.function traces
+    if manager is not None:
+        manager.run_independently(first.op)
+    return result
+
+
 def _as_tensor(value: Any) -> tf.Tensor:
     # Skips convert_to_tensor's dispatch for what is already a tensor (eager hot path).
     return value if isinstance(value, tf.Tensor) else tf.convert_to_tensor(value)
@@ -74,7 +93,7 @@ def _allreduce_dense(tensors: list, op: int, prescale: float, postscale: float, 
         _check_dtype(t, _REDUCIBLE, "allreduce")
     if not tensors:
         return []
-    return list(
+    return list(_unordered(
         _ops.smdist_allreduce(
             tensors=tensors,
             reduce_op=op,
@@ -85,7 +104,7 @@ def _allreduce_dense(tensors: list, op: int, prescale: float, postscale: float, 
             run_inline=tf.executing_eagerly(),
             compression=compression,
         )
-    )
+    ))
 
 
 def _allreduce_sparse(slices: tf.IndexedSlices, op: int, prescale: float, postscale: float, name: Optional[str]):
@@ -196,7 +215,7 @@ def allgather(tensor: TensorLike, name: Optional[str] = None, process_set: Any =
     _check_dtype(tensor, _MOVABLE, "allgather")
     if tensor.shape.rank == 0:
         tensor = tf.reshape(tensor, [1])
-    return _ops.smdist_allgather(tensor=tensor, tensor_name=_collective_name("allgather", name))
+    return _unordered(_ops.smdist_allgather(tensor=tensor, tensor_name=_collective_name("allgather", name)))
 
 
 def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None, process_set: Any = None, ignore_name_scope: bool = False) -> tf.Tensor:
@@ -205,7 +224,8 @@ def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None, pr
     require_initialized()
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, _MOVABLE, "broadcast")
-    (out,) = _ops.smdist_broadcast(tensors=[tensor], root_rank=int(root_rank), tensor_name=_collective_name("broadcast", name))
+    (out,) = _unordered(_ops.smdist_broadcast(tensors=[tensor], root_rank=int(root_rank),
+                                              tensor_name=_collective_name("broadcast", name)))
     return out
 
 
@@ -217,7 +237,8 @@ def grouped_broadcast(tensors: Sequence[TensorLike], root_rank: int, name: Optio
         _check_dtype(t, _MOVABLE, "broadcast")
     if not tensors:
         return []
-    return list(_ops.smdist_broadcast(tensors=tensors, root_rank=int(root_rank), tensor_name=_collective_name("broadcast", name)))
+    return list(_unordered(_ops.smdist_broadcast(tensors=tensors, root_rank=int(root_rank),
+                                                 tensor_name=_collective_name("broadcast", name))))
 
 
 def alltoall(tensor: TensorLike, splits: Optional[TensorLike] = None, name: Optional[str] = None, process_set: Any = None, ignore_name_scope: bool = False):
@@ -234,7 +255,8 @@ def alltoall(tensor: TensorLike, splits: Optional[TensorLike] = None, name: Opti
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, _MOVABLE, "alltoall")
     split_tensor = tf.zeros([0], tf.int64) if splits is None else tf.cast(tf.convert_to_tensor(splits), tf.int64)
-    out, received = _ops.smdist_alltoall(tensor=tensor, splits=split_tensor, tensor_name=_collective_name("alltoall", name))
+    out, received = _unordered(_ops.smdist_alltoall(tensor=tensor, splits=split_tensor,
+                                                    tensor_name=_collective_name("alltoall", name)))
     return out if splits is None else (out, received)
 
 
@@ -255,13 +277,13 @@ def reducescatter(
     op = reduce_ops.validate(op)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, _REDUCIBLE, "reducescatter")
-    return _ops.smdist_reducescatter(
+    return _unordered(_ops.smdist_reducescatter(
         tensor=tensor,
         reduce_op=op,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
         tensor_name=_collective_name("reducescatter", name),
-    )
+    ))
 
 
 def barrier(process_set: Any = None, name: Optional[str] = None) -> None:

@@ -1,16 +1,27 @@
 #include "coordinator.h"
 
 #include <cstdio>
+#include <cstring>
 
 namespace smdist {
 namespace {
 
 std::string Quote(const std::string& name) { return "'" + name + "'"; }
 
-std::string FormatScale(double v) {
+std::string FormatScale(double v, bool exact = false) {
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", v);
+  std::snprintf(buf, sizeof(buf), exact ? "%.17g" : "%g", v);
   return buf;
+}
+
+// "pre/post" of two requests, with every digit where the short form would read the same.
+std::pair<std::string, std::string> FormatScales(const Request& a, const Request& b) {
+  auto text = [](const Request& r, bool exact) {
+    return FormatScale(r.prescale, exact) + "/" + FormatScale(r.postscale, exact);
+  };
+  std::pair<std::string, std::string> out{text(a, false), text(b, false)};
+  if (out.first == out.second) out = {text(a, true), text(b, true)};
+  return out;
 }
 
 // "for tensor 'x' in allreduce: rank 0 has A, rank r has B"
@@ -29,10 +40,14 @@ std::vector<int64_t> TrailingDims(const std::vector<int64_t>& shape) {
 
 std::pair<std::string, int64_t> FusionInfo(const Request& r) {
   const DataType wire = WireDataType(r.dtype, r.compression);
-  std::string key = std::to_string(static_cast<int>(r.dtype)) + "/" +
-                    std::to_string(static_cast<int>(wire)) + "/" +
-                    std::to_string(static_cast<int>(r.reduce_op)) + "/" +
-                    FormatScale(r.prescale) + "/" + FormatScale(r.postscale);
+  // Exact bytes of every field: scale factors that differ only in their last
+  // bit must not share a fusion buffer (and this runs every cycle, so no printf).
+  std::string key(3 + 2 * sizeof(double), '\0');
+  key[0] = static_cast<char>(r.dtype);
+  key[1] = static_cast<char>(wire);
+  key[2] = static_cast<char>(r.reduce_op);
+  std::memcpy(&key[3], &r.prescale, sizeof(double));
+  std::memcpy(&key[3 + sizeof(double)], &r.postscale, sizeof(double));
   // The threshold bounds the fusion buffer, which holds the wire type.
   return {key, NumElements(r.shape) * static_cast<int64_t>(DataTypeSize(wire))};
 }
@@ -78,9 +93,8 @@ std::string CheckAgreement(const std::string& name, const std::vector<Request>& 
                         ReduceOpName(r.reduce_op));
       }
       if (r.prescale != first.prescale || r.postscale != first.postscale) {
-        return Mismatch("prescale/postscale factors", name, type, rank,
-                        FormatScale(first.prescale) + "/" + FormatScale(first.postscale),
-                        FormatScale(r.prescale) + "/" + FormatScale(r.postscale));
+        const auto scales = FormatScales(first, r);
+        return Mismatch("prescale/postscale factors", name, type, rank, scales.first, scales.second);
       }
       if (type == CollectiveType::kAllreduce && r.compression != first.compression) {
         return Mismatch("compression", name, type, rank, WireCompressionName(first.compression),

@@ -101,6 +101,11 @@ class MismatchTest(tf.test.TestCase):
         self.assert_fails_everywhere(
             lambda: sd.allreduce(tf.ones([2]), op=sd.Sum, prescale_factor=1.0 + RANK, name="m.scale"), "prescale/postscale"
         )
+        # Factors that differ in the last bit are told apart in the message too.
+        self.assert_fails_everywhere(
+            lambda: sd.allreduce(tf.ones([2]), op=sd.Sum, prescale_factor=1.0 + min(RANK, 1) * 2.0 ** -23, name="m.scale.bit"),
+            "prescale/postscale", r"rank 0 has 1/1,", r"has 1\.0000001192092896/1",
+        )
 
     def test_compression(self):
         compression = sd.Compression.fp16 if RANK == 0 else sd.Compression.none
@@ -270,6 +275,23 @@ class FusionBoundaryTest(tf.test.TestCase):
         finally:
             restart_engine(SMDIST_FUSION_THRESHOLD="")
 
+
+    def test_scale_factors_that_differ_in_the_last_bit_never_fuse(self):
+        # 2**23 * (1 + 2**-23) is 2**23 + 1 exactly in float32; fused under one prescale it would be 2**23.
+        x = tf.fill([8], tf.constant(2.0 ** 23, tf.float32))
+
+        @tf.function
+        def step():
+            plain = [sd.allreduce(x, op=sd.Sum, name=f"scale.plain.{i}") for i in range(16)]
+            nudged = [sd.allreduce(x, op=sd.Sum, prescale_factor=1.0 + 2.0 ** -23, name=f"scale.nudged.{i}")
+                      for i in range(16)]
+            return plain, nudged
+
+        for _ in range(10):
+            plain, nudged = step()
+            for p, q in zip(plain, nudged):
+                self.assertAllEqual(p, np.full([8], SIZE * 2.0 ** 23, np.float32))
+                self.assertAllEqual(q, np.full([8], SIZE * (2.0 ** 23 + 1), np.float32))
 
     def test_large_tensors_in_a_fused_group_skip_the_fusion_buffer(self):
         # MPI and shared-memory copy paths: tensors of 1 MiB or more are reduced where they lie,
@@ -503,6 +525,41 @@ class WireCompressionTest(tf.test.TestCase):
         total = SIZE * (SIZE + 1) / 2
         expected = (RANK + 1) * 2 * SIZE * total * np.array([1.0, 2.0, 3.0])
         self.assertAllClose(tape.gradient(loss, x), expected, rtol=2e-3)
+
+
+class GraphOrderTest(tf.test.TestCase):
+    def test_collectives_in_a_function_do_not_wait_for_each_other(self):
+        # Ranks issue the same collectives in opposite program orders, two of each kind. Chained in
+        # program order (tf.function's default for stateful ops) every rank would wait on its first
+        # while its peers wait on another: a stall, turned into an error on every rank here.
+        restart_engine(SMDIST_STALL_SHUTDOWN_TIME="20")
+        try:
+            value = tf.fill([SIZE], float(RANK + 1))
+            kinds = {
+                "allreduce": lambda n: sd.allreduce(value, op=sd.Sum, name=n),
+                "allgather": lambda n: sd.allgather(value[:1], name=n),
+                "broadcast": lambda n: sd.broadcast(value, root_rank=0, name=n),
+                "alltoall": lambda n: sd.alltoall(value, name=n),
+                "reducescatter": lambda n: sd.reducescatter(value, op=sd.Sum, name=n),
+            }
+            names = [f"order.{kind}.{i}" for kind in kinds for i in range(2)]
+            if RANK > 0:
+                names.reverse()
+
+            @tf.function
+            def step():
+                return {n: kinds[n.split(".")[1]](n) for n in names}
+
+            for _ in range(2):
+                outs = step()
+                for i in range(2):
+                    self.assertAllEqual(outs[f"order.allreduce.{i}"], np.full([SIZE], SIZE * (SIZE + 1) / 2))
+                    self.assertAllEqual(outs[f"order.allgather.{i}"], np.arange(1, SIZE + 1))
+                    self.assertAllEqual(outs[f"order.broadcast.{i}"], np.ones([SIZE]))
+                    self.assertAllEqual(outs[f"order.alltoall.{i}"], np.arange(1, SIZE + 1))
+                    self.assertAllEqual(outs[f"order.reducescatter.{i}"], [SIZE * (SIZE + 1) / 2])
+        finally:
+            restart_engine(SMDIST_STALL_SHUTDOWN_TIME="")
 
 
 class InlineCycleTest(tf.test.TestCase):
