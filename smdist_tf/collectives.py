@@ -30,11 +30,11 @@ _MOVABLE_SET = frozenset(_MOVABLE)
 _ENGINE_COMPRESSION = {NoneCompressor: "none", FP16Compressor: "fp16", BF16Compressor: "bf16"}
 
 
-def _collective_name(kind: str, name: Optional[str]) -> str:
-    """The name ranks use to match this collective."""
+def _collective_name(kind: str, name: Optional[str], eager: Optional[bool] = None) -> str:
+    """The name ranks use to match this collective (``eager``: whether executing eagerly, when known)."""
     if name:
         return name
-    if tf.executing_eagerly():
+    if tf.executing_eagerly() if eager is None else eager:
         # The kernel numbers each call ("allreduce.noname.7"): a name fixed per kind lets
         # TensorFlow reuse one kernel instead of building one per call.
         return f"{kind}.noname"
@@ -93,18 +93,18 @@ def _allreduce_dense(tensors: list, op: int, prescale: float, postscale: float, 
         _check_dtype(t, _REDUCIBLE, "allreduce")
     if not tensors:
         return []
-    return list(_unordered(
-        _ops.smdist_allreduce(
-            tensors=tensors,
-            reduce_op=op,
-            prescale_factor=prescale,
-            postscale_factor=postscale,
-            tensor_name=_collective_name("allreduce", name),
-            # Eager callers only wait for the result, so they may run the engine cycle themselves.
-            run_inline=tf.executing_eagerly(),
-            compression=compression,
-        )
-    ))
+    eager = tf.executing_eagerly()
+    reduced = _ops.smdist_allreduce(
+        tensors=tensors,
+        reduce_op=op,
+        prescale_factor=prescale,
+        postscale_factor=postscale,
+        tensor_name=_collective_name("allreduce", name, eager),
+        # Eager callers only wait for the result, so they may run the engine cycle themselves.
+        run_inline=eager,
+        compression=compression,
+    )
+    return list(reduced if eager else _unordered(reduced))
 
 
 def _allreduce_sparse(slices: tf.IndexedSlices, op: int, prescale: float, postscale: float, name: Optional[str]):
