@@ -38,7 +38,12 @@ Status CrossMemoryAllreduce::Create(MPI_Comm local, std::unique_ptr<CrossMemoryA
     if (r == c->local_rank_) continue;
     uint64_t seen = 0;
     const Status s = c->ReadPeer(r, &seen, c->slots_[r]->probe_address, sizeof(seen));
-    if (!s.ok() || seen != c->slots_[r]->probe_value) readable = 0;
+    if (!s.ok() || seen != c->slots_[r]->probe_value) {
+      readable = 0;
+      continue;
+    }
+    // Writing back the same value proves results can be pushed too.
+    if (!c->WritePeer(r, c->slots_[r]->probe_address, &seen, sizeof(seen)).ok()) readable = 0;
   }
   int everyone = 0;
   const int rc = MPI_Allreduce(&readable, &everyone, 1, MPI_INT, MPI_MIN, local);
@@ -60,6 +65,23 @@ Status CrossMemoryAllreduce::ReadPeer(int peer, void* local, uint64_t remote, in
                              " failed: " + std::strerror(errno));
     }
     dst += n;
+    remote += static_cast<uint64_t>(n);
+    bytes -= n;
+  }
+  return Status::OK();
+}
+
+Status CrossMemoryAllreduce::WritePeer(int peer, uint64_t remote, const void* local, int64_t bytes) const {
+  const auto* src = static_cast<const uint8_t*>(local);
+  while (bytes > 0) {
+    iovec here{const_cast<uint8_t*>(src), static_cast<size_t>(bytes)};
+    iovec there{reinterpret_cast<void*>(remote), static_cast<size_t>(bytes)};
+    const ssize_t n = process_vm_writev(static_cast<pid_t>(slots_[peer]->pid), &here, 1, &there, 1, 0);
+    if (n <= 0) {
+      return Status::Unknown("process_vm_writev to local rank " + std::to_string(peer) +
+                             " failed: " + std::strerror(errno));
+    }
+    src += n;
     remote += static_cast<uint64_t>(n);
     bytes -= n;
   }
@@ -102,17 +124,14 @@ Status CrossMemoryAllreduce::ReduceMyShard(const std::vector<TensorSpan>& spans,
       }
       ReduceMany(dtype, op, sources.data(), local_size_, out + at * elem, n);
       ScaleInPlace(dtype, out + at * elem, n, postscale);
+      // Pushed to every peer's output while still in cache, instead of each peer
+      // reading it back later.
+      for (int r = 0; r < local_size_; ++r) {
+        if (r == local_rank_) continue;
+        SMDIST_RETURN_IF_ERROR(
+            WritePeer(r, slots_[r]->addresses[2 * p.span + 1] + at * elem, out + at * elem, n * elem));
+      }
     }
-  }
-  return Status::OK();
-}
-
-Status CrossMemoryAllreduce::GatherPeerShard(int peer, const std::vector<TensorSpan>& spans,
-                                             const std::vector<Piece>& pieces, size_t elem) const {
-  for (const Piece& p : pieces) {
-    auto* out = static_cast<uint8_t*>(spans[p.span].output) + p.begin * elem;
-    SMDIST_RETURN_IF_ERROR(ReadPeer(peer, out, slots_[peer]->addresses[2 * p.span + 1] + p.begin * elem,
-                                    (p.end - p.begin) * static_cast<int64_t>(elem)));
   }
   return Status::OK();
 }
@@ -132,28 +151,20 @@ Status CrossMemoryAllreduce::Run(const std::vector<TensorSpan>& spans, DataType 
   }
   SMDIST_RETURN_IF_ERROR(LocalBarrier());
 
-  // A failed read must not strand the peers inside a barrier: finish the
-  // protocol, then fail on every rank together.
+  // A failed read or write must not strand the peers inside a barrier:
+  // finish the protocol, then fail on every rank together.
   std::vector<Piece> pieces;
   int64_t begin = 0, end = 0;
   ShardRange(total, elem, local_size_, local_rank_, &begin, &end);
   PiecesOf(starts, begin, end, &pieces);
-  Status failure = ReduceMyShard(spans, pieces, dtype, op, postscale);
-  SMDIST_RETURN_IF_ERROR(LocalBarrier());
-
-  for (int r = 0; r < local_size_ && failure.ok(); ++r) {
-    if (r == local_rank_) continue;
-    ShardRange(total, elem, local_size_, r, &begin, &end);
-    PiecesOf(starts, begin, end, &pieces);
-    failure = GatherPeerShard(r, spans, pieces, elem);
-  }
-  // Doubles as the final barrier: nobody returns (and lets TF free its
-  // tensors) while a peer may still be reading them.
+  const Status failure = ReduceMyShard(spans, pieces, dtype, op, postscale);
+  // Doubles as the only barrier after the reduction: nobody returns (and lets
+  // TF free its tensors) while a peer may still read or write them.
   int failed = failure.ok() ? 0 : 1, any_failed = 0;
   int rc = MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, local_);
   if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce(cross-memory status)");
   if (!failure.ok()) return failure;
-  if (any_failed) return Status::Unknown("a peer on this host failed to read shared tensors");
+  if (any_failed) return Status::Unknown("a peer on this host failed to read or write shared tensors");
   return Status::OK();
 }
 

@@ -1,9 +1,10 @@
 // Allreduce among the ranks of one host by cross-memory attach (Linux
-// process_vm_readv): each rank reads its shard of every peer's tensors
+// process_vm_readv/writev): each rank reads its shard of every peer's tensors
 // straight out of the peer's address space, reduces it into its own output,
-// then reads the other shards out of the peers' outputs. Every byte crosses
-// memory once, instead of being staged in and out of a shared segment, and
-// fused tensors are read where they lie, so no fusion-buffer copies either.
+// and writes each reduced chunk into every peer's output while it is still in
+// cache. Every byte crosses memory once, instead of being staged in and out of
+// a shared segment, and fused tensors are read where they lie, so no
+// fusion-buffer copies either.
 // Ranks publish their tensor addresses in a small shared control window.
 #pragma once
 
@@ -58,13 +59,13 @@ class CrossMemoryAllreduce {
   Status LocalBarrier();
   // Reads `bytes` at `remote` in rank `peer`'s memory into `local`.
   Status ReadPeer(int peer, void* local, uint64_t remote, int64_t bytes) const;
+  // Writes `bytes` from `local` to `remote` in rank `peer`'s memory.
+  Status WritePeer(int peer, uint64_t remote, const void* local, int64_t bytes) const;
   // Splits global elements [begin, end) of the concatenated spans into per-span pieces.
   void PiecesOf(const std::vector<int64_t>& starts, int64_t begin, int64_t end,
                 std::vector<Piece>* pieces) const;
   Status ReduceMyShard(const std::vector<TensorSpan>& spans, const std::vector<Piece>& pieces,
                        DataType dtype, ReduceOp op, double postscale);
-  Status GatherPeerShard(int peer, const std::vector<TensorSpan>& spans,
-                         const std::vector<Piece>& pieces, size_t elem) const;
 
   MPI_Comm local_ = MPI_COMM_NULL;
   std::unique_ptr<SharedWindow> window_;  // freed before the communicators
