@@ -54,38 +54,33 @@ Status CrossMemoryAllreduce::Create(MPI_Comm local, std::unique_ptr<CrossMemoryA
 
 Status CrossMemoryAllreduce::LocalBarrier() { return window_->Barrier(); }
 
-Status CrossMemoryAllreduce::ReadPeer(int peer, void* local, uint64_t remote, int64_t bytes) const {
-  auto* dst = static_cast<uint8_t*>(local);
+Status CrossMemoryAllreduce::CopyPeer(int peer, void* local, uint64_t remote, int64_t bytes,
+                                      bool to_peer) const {
+  auto* at = static_cast<uint8_t*>(local);
+  const pid_t pid = static_cast<pid_t>(slots_[peer]->pid);
   while (bytes > 0) {
-    iovec here{dst, static_cast<size_t>(bytes)};
+    iovec here{at, static_cast<size_t>(bytes)};
     iovec there{reinterpret_cast<void*>(remote), static_cast<size_t>(bytes)};
-    const ssize_t n = process_vm_readv(static_cast<pid_t>(slots_[peer]->pid), &here, 1, &there, 1, 0);
+    const ssize_t n = to_peer ? process_vm_writev(pid, &here, 1, &there, 1, 0)
+                              : process_vm_readv(pid, &here, 1, &there, 1, 0);
     if (n <= 0) {
-      return Status::Unknown("process_vm_readv from local rank " + std::to_string(peer) +
-                             " failed: " + std::strerror(errno));
+      return Status::Unknown(std::string(to_peer ? "process_vm_writev to" : "process_vm_readv from") +
+                             " local rank " + std::to_string(peer) + " failed: " + std::strerror(errno));
     }
-    dst += n;
+    at += n;
     remote += static_cast<uint64_t>(n);
     bytes -= n;
   }
   return Status::OK();
 }
 
+Status CrossMemoryAllreduce::ReadPeer(int peer, void* local, uint64_t remote, int64_t bytes) const {
+  return CopyPeer(peer, local, remote, bytes, /*to_peer=*/false);
+}
+
 Status CrossMemoryAllreduce::WritePeer(int peer, uint64_t remote, const void* local, int64_t bytes) const {
-  const auto* src = static_cast<const uint8_t*>(local);
-  while (bytes > 0) {
-    iovec here{const_cast<uint8_t*>(src), static_cast<size_t>(bytes)};
-    iovec there{reinterpret_cast<void*>(remote), static_cast<size_t>(bytes)};
-    const ssize_t n = process_vm_writev(static_cast<pid_t>(slots_[peer]->pid), &here, 1, &there, 1, 0);
-    if (n <= 0) {
-      return Status::Unknown("process_vm_writev to local rank " + std::to_string(peer) +
-                             " failed: " + std::strerror(errno));
-    }
-    src += n;
-    remote += static_cast<uint64_t>(n);
-    bytes -= n;
-  }
-  return Status::OK();
+  // process_vm_writev only reads the local side; iovec just has no const.
+  return CopyPeer(peer, const_cast<void*>(local), remote, bytes, /*to_peer=*/true);
 }
 
 void CrossMemoryAllreduce::PiecesOf(const std::vector<int64_t>& starts, int64_t begin, int64_t end,

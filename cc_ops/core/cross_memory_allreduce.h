@@ -61,6 +61,8 @@ class CrossMemoryAllreduce {
   Status ReadPeer(int peer, void* local, uint64_t remote, int64_t bytes) const;
   // Writes `bytes` from `local` to `remote` in rank `peer`'s memory.
   Status WritePeer(int peer, uint64_t remote, const void* local, int64_t bytes) const;
+  // Either direction, retrying short transfers.
+  Status CopyPeer(int peer, void* local, uint64_t remote, int64_t bytes, bool to_peer) const;
   // Splits global elements [begin, end) of the concatenated spans into per-span pieces.
   void PiecesOf(const std::vector<int64_t>& starts, int64_t begin, int64_t end,
                 std::vector<Piece>* pieces) const;
