@@ -226,8 +226,7 @@ Status CollectiveExecutor::AllreduceSingle(TensorEntry* e) {
   if (count == 0) return Status::OK();
   const void* send = e->input;
   if (e->prescale != 1.0) {  // scale a copy: the input belongs to the caller
-    if (e->output != e->input) std::memcpy(e->output, e->input, count * elem);
-    ScaleInPlace(dtype, e->output, count, e->prescale);
+    ScaleInto(dtype, e->input, e->output, count, e->prescale);
     send = e->output;
   }
   if (e->prescale == 1.0 && transport_->CanAllreduceSpans(count * static_cast<int64_t>(elem), 1)) {
@@ -336,8 +335,7 @@ Status CollectiveExecutor::Reducescatter(TensorEntry* e) {
   const void* send = e->input;
   if (e->prescale != 1.0) {
     scratch_.resize(total * elem);
-    std::memcpy(scratch_.data(), e->input, total * elem);
-    ScaleInPlace(e->dtype, scratch_.data(), total, e->prescale);
+    ScaleInto(e->dtype, e->input, scratch_.data(), total, e->prescale);
     send = scratch_.data();
   }
   const int me = transport_->topology().rank;

@@ -117,8 +117,7 @@ Status CrossMemoryAllreduce::ReduceMyShard(const std::vector<TensorSpan>& spans,
             ReadPeer(r, into, slots_[r]->addresses[2 * p.span] + at * elem, n * elem));
         sources[++k] = into;
       }
-      ReduceMany(dtype, op, sources.data(), local_size_, out + at * elem, n);
-      ScaleInPlace(dtype, out + at * elem, n, postscale);
+      ReduceManyThenScale(dtype, op, sources.data(), local_size_, out + at * elem, n, postscale);
       // Pushed to every peer's output while still in cache, instead of each peer
       // reading it back later.
       for (int r = 0; r < local_size_; ++r) {

@@ -79,22 +79,53 @@ void ReduceHalfLike(ReduceOp op, const void* in, void* inout, int64_t n) {
   }
 }
 
+// out may alias in (ScaleInPlace).
 template <typename T>
-void ScaleTyped(void* buf, int64_t n, double factor) {
-  T* p = static_cast<T*>(buf);
+void ScaleTyped(const void* in, void* out, int64_t n, double factor) {
+  const T* p = static_cast<const T*>(in);
+  T* o = static_cast<T*>(out);
   if constexpr (std::is_floating_point<T>::value) {
     const T f = static_cast<T>(factor);
-    for (int64_t i = 0; i < n; ++i) p[i] *= f;
+    for (int64_t i = 0; i < n; ++i) o[i] = p[i] * f;
   } else {
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(std::trunc(p[i] * factor));
+    for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(std::trunc(p[i] * factor));
   }
 }
 
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void ScaleHalfLike(void* buf, int64_t n, double factor) {
-  uint16_t* p = static_cast<uint16_t*>(buf);
+void ScaleHalfLike(const void* in, void* out, int64_t n, double factor) {
+  const uint16_t* p = static_cast<const uint16_t*>(in);
+  uint16_t* o = static_cast<uint16_t*>(out);
   const float f = static_cast<float>(factor);
-  for (int64_t i = 0; i < n; ++i) p[i] = FromFloat(ToFloat(p[i]) * f);
+  for (int64_t i = 0; i < n; ++i) o[i] = FromFloat(ToFloat(p[i]) * f);
+}
+
+// inout[i] = (inout[i] + in[i]) * f: the last input of a scaled sum and the
+// scaling in one pass. Rounds exactly as a sum followed by ScaleInPlace.
+template <typename T>
+void AddThenScaleTyped(const void* in, void* inout, int64_t n, double factor) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  const T f = static_cast<T>(factor);
+  for (int64_t i = 0; i < n; ++i) b[i] = static_cast<T>(b[i] + a[i]) * f;
+}
+
+// out[i] = (a[i] + b[i]) * f, rounding as SumTwo followed by ScaleInPlace.
+template <typename T>
+void SumTwoThenScaleTyped(const void* a, const void* b, void* out, int64_t n, double factor) {
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  T* o = static_cast<T*>(out);
+  const T f = static_cast<T>(factor);
+  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(x[i] + y[i]) * f;
+}
+
+template <typename T>
+void ReduceManyThenScaleTyped(const void* const* inputs, int n, void* out, int64_t count, double factor) {
+  if (n == 2) return SumTwoThenScaleTyped<T>(inputs[0], inputs[1], out, count, factor);
+  SumTwoTyped<T>(inputs[0], inputs[1], out, count);
+  for (int k = 2; k + 1 < n; ++k) ReduceTyped<T>(ReduceOp::kSum, inputs[k], out, count);
+  AddThenScaleTyped<T>(inputs[n - 1], out, count, factor);
 }
 
 template <typename T>
@@ -177,6 +208,17 @@ void ReduceMany(DataType dtype, ReduceOp op, const void* const* inputs, int n, v
   for (; k < n; ++k) ReduceInto(dtype, op, inputs[k], out, count);
 }
 
+void ReduceManyThenScale(DataType dtype, ReduceOp op, const void* const* inputs, int n, void* out,
+                         int64_t count, double scale) {
+  const bool sum = op == ReduceOp::kSum || op == ReduceOp::kAverage;
+  if (scale != 1.0 && sum && n >= 2) {
+    if (dtype == DataType::kFloat32) return ReduceManyThenScaleTyped<float>(inputs, n, out, count, scale);
+    if (dtype == DataType::kFloat64) return ReduceManyThenScaleTyped<double>(inputs, n, out, count, scale);
+  }
+  ReduceMany(dtype, op, inputs, n, out, count);
+  ScaleInPlace(dtype, out, count, scale);
+}
+
 void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout, int64_t count) {
   switch (dtype) {
     case DataType::kUInt8: return ReduceTyped<uint8_t>(op, in, inout, count);
@@ -196,19 +238,28 @@ void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout, int64_
 }
 
 void ScaleInPlace(DataType dtype, void* buf, int64_t count, double factor) {
-  if (factor == 1.0) return;
+  if (factor != 1.0) ScaleInto(dtype, buf, buf, count, factor);
+}
+
+void ScaleInto(DataType dtype, const void* in, void* out, int64_t count, double factor) {
+  if (factor == 1.0) {
+    if (out != in) std::memcpy(out, in, static_cast<size_t>(count) * DataTypeSize(dtype));
+    return;
+  }
   switch (dtype) {
-    case DataType::kUInt8: return ScaleTyped<uint8_t>(buf, count, factor);
-    case DataType::kBool: return;
-    case DataType::kInt8: return ScaleTyped<int8_t>(buf, count, factor);
-    case DataType::kInt32: return ScaleTyped<int32_t>(buf, count, factor);
-    case DataType::kInt64: return ScaleTyped<int64_t>(buf, count, factor);
-    case DataType::kFloat32: return ScaleTyped<float>(buf, count, factor);
-    case DataType::kFloat64: return ScaleTyped<double>(buf, count, factor);
+    case DataType::kUInt8: return ScaleTyped<uint8_t>(in, out, count, factor);
+    case DataType::kBool:  // logical values: scaling leaves them as they are
+      if (out != in) std::memcpy(out, in, static_cast<size_t>(count));
+      return;
+    case DataType::kInt8: return ScaleTyped<int8_t>(in, out, count, factor);
+    case DataType::kInt32: return ScaleTyped<int32_t>(in, out, count, factor);
+    case DataType::kInt64: return ScaleTyped<int64_t>(in, out, count, factor);
+    case DataType::kFloat32: return ScaleTyped<float>(in, out, count, factor);
+    case DataType::kFloat64: return ScaleTyped<double>(in, out, count, factor);
     case DataType::kFloat16:
-      return ScaleHalfLike<HalfToFloat, FloatToHalf>(buf, count, factor);
+      return ScaleHalfLike<HalfToFloat, FloatToHalf>(in, out, count, factor);
     case DataType::kBFloat16:
-      return ScaleHalfLike<BFloat16ToFloat, FloatToBFloat16>(buf, count, factor);
+      return ScaleHalfLike<BFloat16ToFloat, FloatToBFloat16>(in, out, count, factor);
   }
 }
 

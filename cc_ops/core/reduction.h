@@ -18,8 +18,17 @@ void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout, int64_
 void ReduceMany(DataType dtype, ReduceOp op, const void* const* inputs, int n, void* out,
                 int64_t count);
 
+// ReduceMany, then ScaleInPlace(out, scale), with the same result bit for bit;
+// float sums do both in one pass over memory.
+void ReduceManyThenScale(DataType dtype, ReduceOp op, const void* const* inputs, int n, void* out,
+                         int64_t count, double scale);
+
 // buf[i] *= factor. Integers are scaled in double and truncated toward zero.
 void ScaleInPlace(DataType dtype, void* buf, int64_t count, double factor);
+
+// out[i] = in[i] * factor, rounding as ScaleInPlace; a copy when factor is 1.
+// `out` may alias `in`.
+void ScaleInto(DataType dtype, const void* in, void* out, int64_t count, double factor);
 
 // Integer average: buf[i] /= divisor, truncating toward zero like C++ and
 // tf.math.truncatediv.

@@ -1,7 +1,6 @@
 #include "span_staging.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "reduction.h"
@@ -46,9 +45,7 @@ void SpanStaging::StageIn(int64_t offset, int64_t n, void* dst) const {
       NarrowToWire(dtype_, in, wire_, to, k, prescale_);
       return;
     }
-    std::memcpy(to, in, static_cast<size_t>(k * elem_));
-    // Scaled while the piece is still in cache.
-    if (prescale_ != 1.0) ScaleInPlace(dtype_, to, k, prescale_);
+    ScaleInto(dtype_, in, to, k, prescale_);  // scaled as it is copied, not in a second pass
   });
 }
 
@@ -61,8 +58,7 @@ void SpanStaging::StageOut(int64_t offset, int64_t n, const void* src) const {
       WidenFromWire(wire_, from, dtype_, to, k, postscale_);
       return;
     }
-    std::memcpy(to, from, static_cast<size_t>(k * elem_));
-    if (postscale_ != 1.0) ScaleInPlace(dtype_, to, k, postscale_);
+    ScaleInto(dtype_, from, to, k, postscale_);
   });
 }
 

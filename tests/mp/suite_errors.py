@@ -335,6 +335,20 @@ class SharedMemoryPathTest(tf.test.TestCase):
         self.assertTrue(np.isnan(out[40000]))
         self.assertEqual(out[0], 2.0 * SIZE)
 
+    def _check_scaling_is_exact(self, prefix):
+        # Sums of small integers are exact in any order, so the scaled result has one right
+        # answer: the float sum times the factor in the tensor's type, rounded once. Holds
+        # whether the scaling is folded into the reduction, into the copies, or separate.
+        for dtype, np_dtype in [(tf.float32, np.float32), (tf.float64, np.float64)]:
+            for op, post in [(sd.Average, 1.0), (sd.Sum, 1.0 / 3.0), (sd.Average, 0.7)]:
+                with self.subTest(dtype=dtype.name, op=op, post=post):
+                    ints = [np.arange(300001, dtype=np.int64) % (97 + 13 * r) for r in range(SIZE)]
+                    out = sd.allreduce(tf.constant(ints[RANK].astype(np_dtype)), op=op, postscale_factor=post,
+                                       name=f"{prefix}.exact.{dtype.name}.{op}.{post}")
+                    post_attr = float(np.float32(post))  # the op's attribute is 32-bit, as in Horovod
+                    factor = np_dtype(post_attr / SIZE if op == sd.Average else post_attr)
+                    self.assertAllEqual(out.numpy(), sum(ints).astype(np_dtype) * factor)
+
     def _check_fused_spans(self, prefix):
         # One response of many tensors, empty ones included, reduced without a fusion buffer;
         # integer Average divides afterwards, float scaling is folded into the copies.
@@ -368,6 +382,7 @@ class SharedMemoryPathTest(tf.test.TestCase):
             self.assertAllEqual(out, np.full([8192], np.float16(2048.0 + (SIZE - 1))))
             # Fused tensors staged straight into the rounds: spans cross round and shard edges.
             self._check_fused_spans("shm.fused")
+            self._check_scaling_is_exact("shm")
         finally:
             restart_engine(SMDIST_SHM_SEGMENT_BYTES="", SMDIST_SHM_MIN_BYTES="", SMDIST_CROSS_MEMORY_ATTACH="")
 
@@ -390,6 +405,9 @@ class CrossMemoryPathTest(tf.test.TestCase):
 
     def test_fused_spans_with_empty_tensors_and_scaling(self):
         SharedMemoryPathTest._check_fused_spans(self, "cma")
+
+    def test_scaled_results_are_exact(self):
+        SharedMemoryPathTest._check_scaling_is_exact(self, "cma")
 
     def test_results_bit_identical_on_all_ranks(self):
         x = tf.random.stateless_normal([300001], seed=[RANK, 1])
