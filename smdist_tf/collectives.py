@@ -100,8 +100,10 @@ def _allreduce_dense(tensors: list, op: int, prescale: float, postscale: float, 
         prescale_factor=prescale,
         postscale_factor=postscale,
         tensor_name=_collective_name("allreduce", name, eager),
-        # Eager callers only wait for the result, so they may run the engine cycle themselves.
-        run_inline=eager,
+        # The calling thread runs the engine cycle itself when none is running, instead of
+        # handing off to the engine thread: eager callers wait for the result anyway, and in a
+        # tf.function this cuts a dependent collective's latency about 4x (docs/architecture.md).
+        run_inline=True,
         compression=compression,
     )
     return list(reduced if eager else _unordered(reduced))

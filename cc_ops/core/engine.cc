@@ -235,7 +235,7 @@ void Engine::BackgroundLoop() {
         const uint64_t cycles = cycles_run_.load();
         const bool callers_cycled = cycles != cycles_seen;
         cycles_seen = cycles;
-        if (callers_cycled) continue;  // eager callers ran cycles inline meanwhile
+        if (callers_cycled) continue;  // callers ran cycles inline meanwhile
       } else {
         idle_wait_us = cycle_us;
       }

@@ -47,8 +47,8 @@ REGISTER_OP("SmdistAllreduce")
     .SetIsStateful()
     .SetShapeFn(SameShapes)
     .Doc("Reduces each tensor across all ranks; tensors in one op are negotiated together and fused. "
-         "run_inline: the calling thread may run the engine cycle itself (eager mode, where it would "
-         "otherwise only wait). compression: floating-point tensors travel as float16/bfloat16.");
+         "run_inline: the calling thread may run the engine cycle itself instead of handing off to the "
+         "engine thread. compression: floating-point tensors travel as float16/bfloat16.");
 
 REGISTER_OP("SmdistBroadcast")
     .Attr("T: list({bool, uint8, int8, int32, int64, half, bfloat16, float, double})")

@@ -581,7 +581,29 @@ class GraphOrderTest(tf.test.TestCase):
 
 
 class InlineCycleTest(tf.test.TestCase):
-    """Eager callers run the engine cycle themselves when it is idle; peers may arrive late."""
+    """Allreduce callers run the engine cycle themselves when it is idle; peers may arrive late."""
+
+    def test_graph_chains_run_on_parallel_threads_with_a_late_peer(self):
+        # Three independent chains of dependent allreduces in one tf.function: TensorFlow
+        # dispatches them on different inter-op threads, each of which may run a cycle, and a
+        # `done` callback sets off the next allreduce of its chain from inside a cycle.
+        @tf.function(autograph=False)
+        def chains(x):
+            outs = []
+            for c in range(3):
+                t = x + float(c)
+                for k in range(6):
+                    t = sd.allreduce(t, op=sd.Sum, name=f"inline.graph.{c}.{k}")
+                outs.append(t)
+            return outs
+
+        for attempt in range(2):
+            if RANK == SIZE - 1:
+                time.sleep(0.2 * (attempt + 1))  # the others' inline cycles find this rank missing
+            outs = chains(tf.fill([7], float(RANK)))
+            for c, out in enumerate(outs):
+                first = SIZE * (SIZE - 1) / 2 + SIZE * c
+                self.assertAllEqual(out, np.full([7], first * SIZE ** 5, np.float32))
 
     def test_late_peer_and_concurrent_threads(self):
         if RANK == SIZE - 1:
