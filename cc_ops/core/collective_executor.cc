@@ -31,7 +31,14 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
   const auto start = Timeline::Clock::now();
   if (timeline_->active()) {
     tracing_ = response.names;
-    for (const TensorEntry& e : *entries) timeline_->Record({e.name}, "NEGOTIATE", e.enqueued_at, start);
+    for (const TensorEntry& e : *entries) {
+      // Whether TensorFlow let the op reuse its input as its output (it
+      // forwards a buffer nothing else holds): in place, no second buffer.
+      const char* in_place = e.output == nullptr    ? nullptr
+                             : e.output == e.input ? "\"in_place\":true"
+                                                    : "\"in_place\":false";
+      timeline_->Record({e.name}, "NEGOTIATE", e.enqueued_at, start, in_place);
+    }
   }
   if (response.response_type == ResponseType::kError) {
     result = Status::PreconditionFailed(response.error);

@@ -54,7 +54,7 @@ int Timeline::RowLocked(const std::string& name) {
 }
 
 void Timeline::Record(const std::vector<std::string>& names, const char* phase,
-                      Clock::time_point begin, Clock::time_point end) {
+                      Clock::time_point begin, Clock::time_point end, const char* extra_args) {
   if (!active_) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (file_ == nullptr) return;
@@ -64,9 +64,9 @@ void Timeline::Record(const std::vector<std::string>& names, const char* phase,
     const int row = RowLocked(name);
     std::fprintf(file_,
                  ",\n{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%lld,\"dur\":%lld,"
-                 "\"args\":{\"fused\":%zu}}",
+                 "\"args\":{\"fused\":%zu%s%s}}",
                  phase, rank_, row, static_cast<long long>(ts), static_cast<long long>(dur),
-                 names.size());
+                 names.size(), extra_args == nullptr ? "" : ",", extra_args == nullptr ? "" : extra_args);
   }
 }
 

@@ -26,9 +26,10 @@ class Timeline {
   void Stop();
   bool active() const { return active_; }
 
-  // A complete event [begin, end] on the row of each of `names`.
+  // A complete event [begin, end] on the row of each of `names`. `extra_args`
+  // (optional) is more members of the event's "args" object, already JSON.
   void Record(const std::vector<std::string>& names, const char* phase, Clock::time_point begin,
-              Clock::time_point end);
+              Clock::time_point end, const char* extra_args = nullptr);
 
  private:
   int RowLocked(const std::string& name);

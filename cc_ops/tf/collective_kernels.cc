@@ -5,6 +5,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "../core/coordinator.h"
 #include "../core/engine.h"
@@ -40,6 +41,10 @@ class OpCompletion {
   OpCompletion(OpKernelContext* ctx, AsyncOpKernel::DoneCallback done, int pending)
       : ctx_(ctx), done_(std::move(done)), pending_(pending) {}
 
+  // Holds `input` until the op completes: the engine reads it asynchronously.
+  // Only called while the op is being set up, before any entry can finish.
+  void KeepAlive(const Tensor& input) { keep_alive_.push_back(input); }
+
   void EntryDone(const Status& s) {
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -47,6 +52,10 @@ class OpCompletion {
     }
     if (pending_.fetch_sub(1) == 1) {
       if (!first_error_.ok()) ctx_->SetStatus(bridge::ToTfStatus(first_error_));
+      // Let go of the inputs before completing: done_() may start the next op
+      // inline, and an extra reference to a buffer this op forwarded to its
+      // output would stop that op from reducing in place.
+      keep_alive_.clear();
       done_();
     }
   }
@@ -54,6 +63,7 @@ class OpCompletion {
  private:
   OpKernelContext* ctx_;
   AsyncOpKernel::DoneCallback done_;
+  std::vector<Tensor> keep_alive_;
   std::atomic<int> pending_;
   std::mutex mu_;
   Status first_error_;
@@ -101,8 +111,9 @@ class CollectiveKernel : public AsyncOpKernel {
   }
 
   static std::function<void(const Status&)> DoneFor(std::shared_ptr<OpCompletion> completion,
-                                                   Tensor keep_alive) {
-    return [completion, keep_alive](const Status& s) { completion->EntryDone(s); };
+                                                   const Tensor& input) {
+    completion->KeepAlive(input);
+    return [completion](const Status& s) { completion->EntryDone(s); };
   }
 
   std::string tensor_name_;

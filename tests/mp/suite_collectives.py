@@ -273,6 +273,48 @@ class TimelineTest(tf.test.TestCase):
         self.assertIn(("traced.gather", "allgather"), phases)
         self.assertTrue(all(e["pid"] == RANK for e in events))
 
+    def test_timeline_shows_which_allreduces_ran_in_place(self):
+        # Inside tf.function TensorFlow hands a dying input buffer to the op as
+        # its output. Each allreduce in a chain consumes the last one's result,
+        # so all but the first (its input is a captured tensor Python still
+        # holds) must run in place: this fails if the op keeps a reference to
+        # its input past completion. 4 MiB: large enough for every path to
+        # hand the result back from the engine while TensorFlow starts the
+        # next op (where a late reference showed).
+        import json
+        import tempfile
+
+        n = 1 << 20
+        x = tf.fill([n], float(RANK + 1))
+
+        @tf.function(autograph=False)
+        def chain():
+            t = x
+            for i in range(8):
+                t = sd.allreduce(t, op=sd.Sum, name=f"traced.chain.{i}")
+            return t
+
+        path = os.path.join(tempfile.mkdtemp(), f"timeline.{RANK}.json")
+        sd.start_timeline(path)
+        for _ in range(3):
+            result = chain()
+        eager = sd.allreduce(x, op=sd.Sum, name="traced.eager")
+        sd.stop_timeline()
+        total = SIZE * (SIZE + 1) / 2
+        self.assertAllEqual(result, np.full([n], total * SIZE**7, np.float32))
+        self.assertAllEqual(eager, np.full([n], total, np.float32))
+        with open(path) as f:
+            events = json.load(f)
+        rows = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+        in_place = {}
+        for e in events:
+            if e["ph"] == "X" and e["name"] == "NEGOTIATE":
+                in_place.setdefault(rows[e["tid"]], []).append(e["args"]["in_place"])
+        self.assertEqual(in_place["traced.chain.0"], [False] * 3)
+        for i in range(1, 8):
+            self.assertEqual(in_place[f"traced.chain.{i}"], [True] * 3, f"traced.chain.{i}")
+        self.assertEqual(in_place["traced.eager"], [False])  # Python still holds x
+
 
 class GradientTest(tf.test.TestCase):
     """Gradients of collectives against hand-derived cross-rank formulas.
