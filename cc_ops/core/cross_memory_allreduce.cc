@@ -142,6 +142,9 @@ Status CrossMemoryAllreduce::Run(const std::vector<TensorSpan>& spans, DataType 
   for (size_t s = 0; s < spans.size(); ++s) {
     mine->addresses[2 * s] = reinterpret_cast<uint64_t>(spans[s].input);
     mine->addresses[2 * s + 1] = reinterpret_cast<uint64_t>(spans[s].output);
+    const size_t bytes = static_cast<size_t>(spans[s].count) * elem;
+    huge_pages_.Advise(spans[s].input, bytes);
+    huge_pages_.Advise(spans[s].output, bytes);
   }
   SMDIST_RETURN_IF_ERROR(LocalBarrier());
 

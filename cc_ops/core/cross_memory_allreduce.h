@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "huge_pages.h"
 #include "shared_window.h"
 #include "status.h"
 #include "transport.h"
@@ -75,6 +76,7 @@ class CrossMemoryAllreduce {
   int local_size_ = 1;
   std::vector<Slot*> slots_;          // every local rank's slot, mapped here
   std::vector<uint8_t> scratch_;      // one chunk per peer during the reduction
+  HugePageAdvisor huge_pages_;        // for the tensors peers read and write
   uint64_t probe_ = 0;
 };
 

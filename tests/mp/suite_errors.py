@@ -387,6 +387,34 @@ class SharedMemoryPathTest(tf.test.TestCase):
             restart_engine(SMDIST_SHM_SEGMENT_BYTES="", SMDIST_SHM_MIN_BYTES="", SMDIST_CROSS_MEMORY_ATTACH="")
 
 
+def _buffer_address(t: tf.Tensor) -> int:
+    """Where a CPU tensor's data lives (DLPack exposes the buffer itself; .numpy() copies)."""
+    import ctypes
+
+    capsule = tf.experimental.dlpack.to_dlpack(t)
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return ctypes.c_void_p.from_address(get(capsule, b"dltensor")).value  # DLTensor.data comes first
+
+
+def _mapping_of(address: int) -> dict:
+    """The /proc/self/smaps entry of the mapping holding ``address``: {"VmFlags": [...], key: kB}."""
+    found, entry = None, {}
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                if found is not None:
+                    break
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                if lo <= address < hi:
+                    found = entry
+            elif found is not None:
+                key, _, value = line.partition(":")
+                found[key] = value.split() if key == "VmFlags" else int(value.split()[0])
+    return found or {}
+
+
 class CrossMemoryPathTest(tf.test.TestCase):
     """Single-host allreduces that read peers' tensors in place (process_vm_readv), fused without a buffer."""
 
@@ -433,6 +461,26 @@ class CrossMemoryPathTest(tf.test.TestCase):
 
     def test_nan_and_inf_propagate(self):
         SharedMemoryPathTest._check_nan_and_inf_propagate(self, "cma.nan")
+
+    def test_large_tensors_are_moved_to_huge_pages(self):
+        # TensorFlow never asks for huge pages; the engine does for tensors of 4 MiB and
+        # more, since peers pin them page by page. Only "madvise" mode can tell: "always"
+        # gives huge pages anyway, "never" none.
+        try:
+            with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+                mode = re.search(r"\[(\w+)\]", f.read()).group(1)
+        except OSError:
+            mode = "absent"
+        if mode != "madvise":
+            self.skipTest(f"transparent huge pages are '{mode}' here, not 'madvise'")
+        x = tf.fill([5 << 20], float(RANK + 1))  # 20 MiB: not a whole number of huge pages
+        out = sd.allreduce(x, op=sd.Sum, name="cma.hugepages")
+        self.assertAllEqual(out, np.full([5 << 20], SIZE * (SIZE + 1) / 2, np.float32))
+        for what, t in (("input", x), ("output", out)):
+            mapping = _mapping_of(_buffer_address(t))
+            self.assertIn("hg", mapping.get("VmFlags", []), what)  # MADV_HUGEPAGE
+            if tuple(int(v) for v in re.findall(r"\d+", os.uname().release)[:2]) >= (6, 1):
+                self.assertGreaterEqual(mapping.get("AnonHugePages", 0), 2048, what)  # MADV_COLLAPSE
 
 
 class WireCompressionTest(tf.test.TestCase):
