@@ -8,9 +8,10 @@ Run the driver, which launches ``mpirun`` itself (one job per phase) and prints 
 Phases (each its own ``mpirun`` job, because a MultiWorkerMirroredStrategy must be built before
 any other TensorFlow op runs in its process):
 
-* ``core``: raw ``MPI_Allreduce`` through mpi4py (measured before the smdist engine starts, so
-  its thread does not share the cores), then smdist_tf eager / ``tf.function`` allreduce,
-  fp16 compression and the ResNet-50-like gradient step fused and unfused.
+* ``core``: for each size, raw ``MPI_Allreduce`` through mpi4py (with the smdist engine shut
+  down, so its thread does not share the cores), then smdist_tf eager / ``tf.function``
+  allreduce and fp16 compression, back to back so each ratio compares the same minute; then
+  the ResNet-50-like gradient step, MPI and smdist_tf fused and unfused.
 * ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy`` over loopback gRPC.
 * ``memcpy``: a local numpy copy in the driver process, as the machine's memory reference.
 
@@ -181,40 +182,71 @@ def _bf16_sum(inbuf: Any, outbuf: Any, datatype: Any) -> None:
     out[:] = ((s + 0x7FFF + ((s >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def run_mpi(args: argparse.Namespace, comm: Any, timer: Timer) -> None:
-    """Raw MPI_Allreduce on numpy buffers: single sizes per dtype and the ResNet-50 list."""
+def _mpi_ops() -> dict:
+    """MPI datatype and op per dtype name; fp16/bf16 have no MPI type: a Python user op on
+    2-byte elements (slow, but a real sum)."""
+    from mpi4py import MPI
+
+    return {"float32": (MPI.FLOAT, MPI.SUM), "float16": (MPI.UINT16_T, MPI.Op.Create(_f16_sum, commute=True)),
+            "bfloat16": (MPI.UINT16_T, MPI.Op.Create(_bf16_sum, commute=True))}
+
+
+def _mpi_buffer(count: int, dtype: Any) -> Any:
+    """A zeroed numpy array of ``count`` elements in its own anonymous mapping, advised onto huge pages.
+
+    MPI's single-copy transfers pin the pages they touch, so its speed depends on whether a
+    buffer sits on huge pages, which for plain numpy arrays depends on the process's allocation
+    history (a fresh mmap, or heap memory freed by earlier cases). A mapping of its own gives
+    the baseline its best case every time, whatever ran before it.
+    """
+    import mmap
+
+    import numpy as np
+
+    nbytes = max(1, count * np.dtype(dtype).itemsize)
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(region, dtype=dtype, count=count)  # zero-filled by the kernel
+
+
+def run_mpi_size(comm: Any, timer: Timer, ops: dict, dtype: str, size: int) -> None:
+    """Raw MPI_Allreduce on a numpy buffer of ``size`` bytes: in place, and out of place from 1 MiB."""
     import numpy as np
     from mpi4py import MPI
 
     n, rank = comm.Get_size(), comm.Get_rank()
-    # fp16/bf16 have no MPI type: a Python user op on 2-byte elements (slow, but a real sum).
-    ops = {"float32": (MPI.FLOAT, MPI.SUM), "float16": (MPI.UINT16_T, MPI.Op.Create(_f16_sum, commute=True)),
-           "bfloat16": (MPI.UINT16_T, MPI.Op.Create(_bf16_sum, commute=True))}
-    for dtype in args.dtypes:
-        mpi_type, op = ops[dtype]
-        for size in args.sizes:
-            # Zeros: in-place sums stay finite however many iterations run.
-            buf = np.zeros(size // ITEMSIZE[dtype], dtype=np.float32 if dtype == "float32" else np.uint16)
-            secs, iters = timer(lambda: comm.Allreduce(MPI.IN_PLACE, [buf, mpi_type], op=op))
-            if rank == 0:
-                note = {} if dtype == "float32" else {"note": "python user-defined MPI_Op (no native type)"}
-                emit(record("mpi", "single", size, dtype, n, secs, iters, **note, **timer.last))
-            if dtype == "float32" and size >= MIB:
-                # What a TensorFlow op must do: an eager op cannot overwrite its input, so it writes a
-                # new output. Reference only; the targets compare with the in-place call above.
-                out = np.empty_like(buf)
-                secs, iters = timer(lambda: comm.Allreduce([buf, mpi_type], [out, mpi_type], op=op))
-                if rank == 0:
-                    emit(record("mpi", "single_out_of_place", size, dtype, n, secs, iters, **timer.last))
+    mpi_type, op = ops[dtype]
+    # Zeros: in-place sums stay finite however many iterations run.
+    buf = _mpi_buffer(size // ITEMSIZE[dtype], np.float32 if dtype == "float32" else np.uint16)
+    secs, iters = timer(lambda: comm.Allreduce(MPI.IN_PLACE, [buf, mpi_type], op=op))
+    if rank == 0:
+        note = {} if dtype == "float32" else {"note": "python user-defined MPI_Op (no native type)"}
+        emit(record("mpi", "single", size, dtype, n, secs, iters, **note, **timer.last))
+    if dtype == "float32" and size >= MIB:
+        # What a TensorFlow op must do: an eager op cannot overwrite its input, so it writes a
+        # new output. Reference only; the targets compare with the in-place call above.
+        out = _mpi_buffer(buf.size, buf.dtype)
+        secs, iters = timer(lambda: comm.Allreduce([buf, mpi_type], [out, mpi_type], op=op))
+        if rank == 0:
+            emit(record("mpi", "single_out_of_place", size, dtype, n, secs, iters, **timer.last))
+
+
+def run_mpi_resnet(comm: Any, timer: Timer) -> None:
+    """Raw MPI_Allreduce of the ResNet-50 gradient list: one call per tensor, and one flat buffer."""
+    import numpy as np
+    from mpi4py import MPI
+
+    n, rank = comm.Get_size(), comm.Get_rank()
     shapes = resnet50_shapes()
-    bufs = [np.zeros(int(np.prod(s)), np.float32) for s in shapes]
+    bufs = [_mpi_buffer(int(np.prod(s)), np.float32) for s in shapes]
     total = sum(b.nbytes for b in bufs)
 
     def loop() -> None:
         for b in bufs:
             comm.Allreduce(MPI.IN_PLACE, [b, MPI.FLOAT], op=MPI.SUM)
 
-    flat = np.zeros(total // 4, np.float32)
+    flat = _mpi_buffer(total // 4, np.float32)
     for case, fn in [("resnet50_grads_loop", loop),
                      ("resnet50_grads_flat", lambda: comm.Allreduce(MPI.IN_PLACE, [flat, MPI.FLOAT], op=MPI.SUM))]:
         secs, iters = timer(fn)
@@ -263,50 +295,55 @@ def _chained_allreduce(x: Any, count: int, name: str) -> Callable[[], Any]:
     return chained
 
 
-def run_smdist(args: argparse.Namespace, comm: Any, timer: Timer) -> dict:
-    """smdist_tf: eager and tf.function single tensors, fp16 compression, ResNet-50 step.
+def _stop_engine() -> None:
+    """Shuts the smdist engine down, if smdist_tf is loaded and running, so MPI has the cores."""
+    sd = sys.modules.get("smdist_tf")
+    if sd is not None and sd.is_initialized():
+        sd.shutdown()
 
-    Returns:
-        The engine configuration the fused cases ran with.
-    """
+
+def run_smdist_size(args: argparse.Namespace, timer: Timer, dtype: str, size: int) -> None:
+    """smdist_tf on one tensor of ``size`` bytes: eager, in a ``tf.function`` chain, fp16-compressed."""
     import tensorflow as tf
 
     import smdist_tf as sd
 
-    user_threshold = os.environ.get("SMDIST_FUSION_THRESHOLD")
-    _restart_engine(user_threshold if user_threshold not in (None, "0") else None)
-    config = sd.engine_config()
     n, rank = sd.size(), sd.rank()
     # Allreduces per tf.function call; the per-call cost is divided by it. All but the first run in
     # place (each consumes the last one's result), as gradient allreduces in a training step do.
     graph_loop = 8
+    x = tf.fill([size // ITEMSIZE[dtype]], tf.constant(0.5, _tf_dtype(dtype)))
+    name = f"bench.{dtype}.{size}"
+    secs, iters = timer(lambda: sd.allreduce(x, op=sd.Sum, name=name))
+    if rank == 0:
+        emit(record("smdist_tf", "single", size, dtype, n, secs, iters, mode="eager", **timer.last))
+    if dtype == "float32" and size == min(args.sizes):
+        # Unnamed eager calls: each is a new collective (numbered), negotiated in full.
+        secs, iters = timer(lambda: sd.allreduce(x, op=sd.Sum))
+        if rank == 0:
+            emit(record("smdist_tf", "single_unnamed", size, dtype, n, secs, iters, mode="eager",
+                        **timer.last))
+    if dtype == "float32":
+        # Engine cost without per-op eager dispatch: a chain of allreduces in one graph.
+        secs, iters = timer(_chained_allreduce(x, graph_loop, name))
+        if rank == 0:
+            per_op = {k: v / graph_loop for k, v in timer.last.items()}
+            emit(record("smdist_tf_graph", "single", size, dtype, n, secs / graph_loop, iters * graph_loop,
+                        mode="tf.function", allreduces_per_call=graph_loop, **per_op))
+        secs, iters = timer(lambda: sd.allreduce(x, op=sd.Sum, compression=sd.Compression.fp16,
+                                                 name=name + ".c16"))
+        if rank == 0:
+            emit(record("smdist_tf", "fp16_compression", size, dtype, n, secs, iters, mode="eager",
+                        wire_dtype="float16", wire_bytes=size // 2, **timer.last))
 
-    for dtype in args.dtypes:
-        for size in args.sizes:
-            x = tf.fill([size // ITEMSIZE[dtype]], tf.constant(0.5, _tf_dtype(dtype)))
-            name = f"bench.{dtype}.{size}"
-            secs, iters = timer(lambda: sd.allreduce(x, op=sd.Sum, name=name))
-            if rank == 0:
-                emit(record("smdist_tf", "single", size, dtype, n, secs, iters, mode="eager", **timer.last))
-            if dtype == "float32" and size == min(args.sizes):
-                # Unnamed eager calls: each is a new collective (numbered), negotiated in full.
-                secs, iters = timer(lambda: sd.allreduce(x, op=sd.Sum))
-                if rank == 0:
-                    emit(record("smdist_tf", "single_unnamed", size, dtype, n, secs, iters, mode="eager",
-                                **timer.last))
-            if dtype == "float32":
-                # Engine cost without per-op eager dispatch: a chain of allreduces in one graph.
-                secs, iters = timer(_chained_allreduce(x, graph_loop, name))
-                if rank == 0:
-                    per_op = {k: v / graph_loop for k, v in timer.last.items()}
-                    emit(record("smdist_tf_graph", "single", size, dtype, n, secs / graph_loop, iters * graph_loop,
-                                mode="tf.function", allreduces_per_call=graph_loop, **per_op))
-                secs, iters = timer(lambda: sd.allreduce(x, op=sd.Sum, compression=sd.Compression.fp16,
-                                                         name=name + ".c16"))
-                if rank == 0:
-                    emit(record("smdist_tf", "fp16_compression", size, dtype, n, secs, iters, mode="eager",
-                                wire_dtype="float16", wire_bytes=size // 2, **timer.last))
 
+def run_smdist_resnet(comm: Any, timer: Timer) -> None:
+    """smdist_tf on the ResNet-50 gradient list: fused, unfused, eager loop, per tensor in a graph."""
+    import tensorflow as tf
+
+    import smdist_tf as sd
+
+    n, rank = comm.Get_size(), comm.Get_rank()
     grads = [tf.fill(list(s), 0.5) for s in resnet50_shapes()]
     total = sum(int(g.shape.num_elements()) * 4 for g in grads)
 
@@ -330,18 +367,43 @@ def run_smdist(args: argparse.Namespace, comm: Any, timer: Timer) -> dict:
         if rank == 0:
             emit(record("smdist_tf", case, total, "float32", n, secs, iters, tensors=len(grads),
                         fusion_threshold_bytes=sd.engine_config()["fusion_threshold_bytes"], **timer.last))
-    return config
 
 
 def worker_core(args: argparse.Namespace) -> None:
-    """The ``core`` phase under mpirun: MPI baseline first, then smdist_tf."""
+    """The ``core`` phase under mpirun: per size, raw MPI then smdist_tf; then the ResNet-50 lists.
+
+    Each size's MPI and smdist_tf cases run back to back, so the ratios between them compare the
+    same minute of this VM, whose speed drifts. MPI runs with the smdist engine shut down: its
+    thread, idle or not, must not share the cores with the baseline.
+    """
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     timer = Timer(comm, args.iters)
-    if "mpi" in args.systems:
-        run_mpi(args, comm, timer)  # before sd.init(): no engine thread competing for the cores
-    config = run_smdist(args, comm, timer) if "smdist_tf" in args.systems else None
+    mpi, smdist = "mpi" in args.systems, "smdist_tf" in args.systems
+    config = None
+    if smdist:
+        import tensorflow  # noqa: F401  (imported before any timing, as both sides then run beside it)
+
+        import smdist_tf as sd
+
+        user_threshold = os.environ.get("SMDIST_FUSION_THRESHOLD")
+        threshold = user_threshold if user_threshold not in (None, "0") else None
+    ops = _mpi_ops() if mpi else {}
+    for dtype in args.dtypes:
+        for size in args.sizes:
+            if mpi:
+                _stop_engine()
+                run_mpi_size(comm, timer, ops, dtype, size)
+            if smdist:
+                _restart_engine(threshold)
+                config = config or sd.engine_config()
+                run_smdist_size(args, timer, dtype, size)
+    if mpi:
+        _stop_engine()
+        run_mpi_resnet(comm, timer)
+    if smdist:
+        run_smdist_resnet(comm, timer)
     if comm.Get_rank() == 0 and config is not None:
         emit({"system": "smdist_tf", "case": "engine_config", "np": comm.Get_size(), "config": config})
 
