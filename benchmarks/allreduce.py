@@ -396,7 +396,8 @@ def worker_core(args: argparse.Namespace) -> None:
                 _stop_engine()
                 run_mpi_size(comm, timer, ops, dtype, size)
             if smdist:
-                _restart_engine(threshold)
+                if not sd.is_initialized():  # MPI's cases above shut it down
+                    _restart_engine(threshold)
                 config = config or sd.engine_config()
                 run_smdist_size(args, timer, dtype, size)
     if mpi:
