@@ -116,3 +116,15 @@ def test_repeats_are_summarised_by_their_median() -> None:
     assert summary["target_busbw_ge_1x_mpi"] is True and summary["target_busbw_ge_2x_mpi_ge_16MiB"] is False
     assert summary["target_latency_4KiB_le_100us"] is True and summary["target_fused_ge_3x"] is True
     assert summary["target_fp16_compression_faster_ge_1MiB"] is None
+
+
+def test_copy_alias_emits_json_for_every_copy() -> None:
+    """benchmarks/copy_alias.py: one process, no MPI; checks its copies and prints one line per case."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "copy_alias.py"), "--repeat", "3"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-5000:]
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert {r["copy"] for r in records} == {"memcpy", "copy_bytes", "process_vm_readv"}
+    assert len(records) == 3 * 3 * 5  # copies x sizes x deltas
+    assert all(r["seconds"] > 0 for r in records)

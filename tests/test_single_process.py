@@ -138,3 +138,32 @@ class SizeOneTest(tf.test.TestCase):
     def test_init_with_comm_is_refused(self):
         with self.assertRaisesRegex(ValueError, "comm"):
             sd.init(comm=[0])
+
+
+class CopyBytesTest(tf.test.TestCase):
+    """The engine's bulk copy (copy_bytes.h), at the relative offsets that take its vector loop."""
+
+    def test_copies_exactly_at_every_relative_offset(self):
+        from smdist_tf import _runtime
+
+        rng = np.random.default_rng(0)
+        for size in [0, 1, 63, 64, 1023, 1024, 4096 + 12, 65536 + 3]:
+            src = rng.integers(0, 256, size + 4096, dtype=np.uint8)
+            for delta in list(range(0, 72, 4)) + [1, 31, 32, 4095]:
+                dst = np.full(size + 8192 + 64, 7, np.uint8)
+                # Destination `delta` bytes past the source, modulo 4 KiB.
+                at = (src.ctypes.data - dst.ctypes.data + delta) % 4096
+                _runtime._copy_bytes(dst, at, src, 0, size)
+                self.assertTrue(np.array_equal(dst[at:at + size], src[:size]), (size, delta))
+                self.assertTrue((dst[:at] == 7).all() and (dst[at + size:] == 7).all(), (size, delta))
+
+    def test_bad_ranges_are_refused(self):
+        from smdist_tf import _runtime
+
+        buf = np.zeros(100, np.uint8)
+        with self.assertRaisesRegex(ValueError, "outside"):
+            _runtime._copy_bytes(np.zeros(10, np.uint8), 0, buf, 0, 11)
+        with self.assertRaisesRegex(ValueError, "overlap"):
+            _runtime._copy_bytes(buf, 10, buf, 0, 20)
+        with self.assertRaisesRegex(ValueError, "contiguous"):
+            _runtime._copy_bytes(np.zeros(40, np.uint8)[::2], 0, buf, 0, 4)

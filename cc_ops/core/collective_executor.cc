@@ -1,8 +1,7 @@
 #include "collective_executor.h"
 
-#include <cstring>
-
 #include "coordinator.h"
+#include "copy_bytes.h"
 #include "reduction.h"
 #include "span_staging.h"
 #include "wire_compression.h"
@@ -134,7 +133,7 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
   int64_t offset = 0;
   for (const TensorEntry* e : packed) {
     const int64_t bytes = NumElements(e->shape) * elem;
-    if (bytes > 0) std::memcpy(buf + offset, e->input, bytes);
+    if (bytes > 0) CopyBytes(buf + offset, e->input, bytes);
     offset += bytes;
   }
   ScaleInPlace(dtype, buf, total, first.prescale);
@@ -149,7 +148,7 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
   offset = 0;
   for (TensorEntry* e : packed) {
     const int64_t bytes = NumElements(e->shape) * elem;
-    if (bytes > 0) std::memcpy(e->output, buf + offset, bytes);
+    if (bytes > 0) CopyBytes(e->output, buf + offset, bytes);
     offset += bytes;
   }
   Trace("COPY_OUT_FUSION_BUFFER", t0);
@@ -299,7 +298,7 @@ Status CollectiveExecutor::Broadcast(TensorEntry* e) {
   const size_t elem = DataTypeSize(e->dtype);
   if (count == 0) return Status::OK();
   if (transport_->topology().rank == e->root_rank && e->output != e->input) {
-    std::memcpy(e->output, e->input, count * elem);
+    CopyBytes(e->output, e->input, count * elem);
   }
   return transport_->Broadcast(e->output, count, e->dtype, e->root_rank);
 }

@@ -16,6 +16,7 @@ namespace smdist {
 namespace {
 // Peers' data is pulled in chunks that stay in L2 while they are reduced.
 constexpr int64_t kChunkBytes = 256 * 1024;
+constexpr uintptr_t kLineBytes = 64;
 }  // namespace
 
 Status CrossMemoryAllreduce::Create(MPI_Comm local, std::unique_ptr<CrossMemoryAllreduce>* out) {
@@ -101,7 +102,9 @@ Status CrossMemoryAllreduce::ReduceMyShard(const std::vector<TensorSpan>& spans,
                                            ReduceOp op, double postscale) {
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   const int64_t chunk = std::max<int64_t>(1, kChunkBytes / elem);
-  scratch_.resize(static_cast<size_t>(chunk * elem) * std::max(1, local_size_ - 1));
+  // Room per peer to place its chunk anywhere within a cache line (below).
+  const size_t stride = static_cast<size_t>(chunk * elem) + 2 * kLineBytes;
+  scratch_.resize(stride * std::max(1, local_size_ - 1));
   std::vector<const void*> sources(local_size_);
   for (const Piece& p : pieces) {
     const auto* in = static_cast<const uint8_t*>(spans[p.span].input);
@@ -112,9 +115,13 @@ Status CrossMemoryAllreduce::ReduceMyShard(const std::vector<TensorSpan>& spans,
       int k = 0;
       for (int r = 0; r < local_size_; ++r) {
         if (r == local_rank_) continue;
-        uint8_t* into = scratch_.data() + static_cast<size_t>(k) * chunk * elem;
-        SMDIST_RETURN_IF_ERROR(
-            ReadPeer(r, into, slots_[r]->addresses[2 * p.span] + at * elem, n * elem));
+        const uint64_t remote = slots_[r]->addresses[2 * p.span] + at * elem;
+        // The kernel copies with rep movsb, slow when the destination lies just
+        // past the source modulo 4 KiB (copy_bytes.h): same offset in a line as the source.
+        const uintptr_t slack = reinterpret_cast<uintptr_t>(scratch_.data()) + static_cast<size_t>(k) * stride;
+        const uintptr_t line = (slack + kLineBytes - 1) & ~(kLineBytes - 1);
+        auto* into = reinterpret_cast<uint8_t*>(line + (remote & (kLineBytes - 1)));
+        SMDIST_RETURN_IF_ERROR(ReadPeer(r, into, remote, n * elem));
         sources[++k] = into;
       }
       ReduceManyThenScale(dtype, op, sources.data(), local_size_, out + at * elem, n, postscale);

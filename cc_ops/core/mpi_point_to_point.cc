@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstring>
 
+#include "copy_bytes.h"
 #include "logging.h"
 #include "mpi_types.h"
 #include "p2p_header.h"
@@ -234,7 +234,7 @@ bool MpiPointToPoint::PostSend(std::unique_ptr<PendingSend> send) {
     send->staging.resize(at + PayloadBytes(m.signature));
     for (size_t i = 0; i < m.data.size(); ++i) {
       const int64_t n = m.signature[i].bytes();
-      if (n > 0) std::memcpy(send->staging.data() + at, m.data[i], n);
+      if (n > 0) CopyBytes(send->staging.data() + at, m.data[i], n);
       at += n;
     }
     if (send->staging.size() > INT_MAX) {
@@ -356,7 +356,7 @@ bool MpiPointToPoint::MatchOne(const Key& key, std::unique_ptr<PendingRecv>* pen
     int64_t at = header_bytes;
     for (size_t i = 0; i < outputs.size(); ++i) {
       const int64_t n = signature[i].bytes();
-      if (n > 0) std::memcpy(outputs[i], bytes.data() + at, n);
+      if (n > 0) CopyBytes(outputs[i], bytes.data() + at, n);
       at += n;
     }
   }

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
+#include "copy_bytes.h"
 #include "half.h"
 
 #if defined(__x86_64__)
@@ -203,7 +203,7 @@ void ReduceMany(DataType dtype, ReduceOp op, const void* const* inputs, int n, v
       SumTwo(dtype, inputs[0], inputs[1], out, count)) {
     k = 2;
   } else if (out != inputs[0]) {
-    std::memcpy(out, inputs[0], static_cast<size_t>(count) * DataTypeSize(dtype));
+    CopyBytes(out, inputs[0], static_cast<size_t>(count) * DataTypeSize(dtype));
   }
   for (; k < n; ++k) ReduceInto(dtype, op, inputs[k], out, count);
 }
@@ -243,13 +243,13 @@ void ScaleInPlace(DataType dtype, void* buf, int64_t count, double factor) {
 
 void ScaleInto(DataType dtype, const void* in, void* out, int64_t count, double factor) {
   if (factor == 1.0) {
-    if (out != in) std::memcpy(out, in, static_cast<size_t>(count) * DataTypeSize(dtype));
+    if (out != in) CopyBytes(out, in, static_cast<size_t>(count) * DataTypeSize(dtype));
     return;
   }
   switch (dtype) {
     case DataType::kUInt8: return ScaleTyped<uint8_t>(in, out, count, factor);
     case DataType::kBool:  // logical values: scaling leaves them as they are
-      if (out != in) std::memcpy(out, in, static_cast<size_t>(count));
+      if (out != in) CopyBytes(out, in, static_cast<size_t>(count));
       return;
     case DataType::kInt8: return ScaleTyped<int8_t>(in, out, count, factor);
     case DataType::kInt32: return ScaleTyped<int32_t>(in, out, count, factor);

@@ -1,11 +1,13 @@
 // pybind11 bindings for engine lifetime, topology and build facts. Data never
-// passes through here: collectives go through the TensorFlow ops.
+// passes through here (collectives go through the TensorFlow ops), apart from
+// _copy_bytes, a hook for tests and benchmarks/copy_alias.py.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <stdexcept>
 
 #include "../core/build_info.h"
+#include "../core/copy_bytes.h"
 #include "../core/engine.h"
 
 namespace py = pybind11;
@@ -83,5 +85,24 @@ PYBIND11_MODULE(_runtime, m) {
     // What the transport actually chose (the settings above are only wishes).
     d["intra_host_allreduce"] = smdist::Engine::Instance().intra_host_allreduce();
     return d;
+  });
+  // The engine's bulk copy, exposed so it can be tested and timed at chosen offsets.
+  m.def("_copy_bytes", [](py::buffer dst, size_t dst_offset, py::buffer src, size_t src_offset, size_t bytes) {
+    const py::buffer_info to = dst.request(/*writable=*/true);
+    const py::buffer_info from = src.request();
+    const auto length = [](const py::buffer_info& b) { return static_cast<size_t>(b.size * b.itemsize); };
+    for (const py::buffer_info* b : {&to, &from}) {
+      if (b->ndim != 1 || b->strides[0] != b->itemsize) {
+        throw py::value_error("_copy_bytes: needs flat contiguous buffers");
+      }
+    }
+    if (dst_offset + bytes > length(to) || src_offset + bytes > length(from)) {
+      throw py::value_error("_copy_bytes: range outside a buffer");
+    }
+    const auto* s = static_cast<const uint8_t*>(from.ptr) + src_offset;
+    auto* d = static_cast<uint8_t*>(to.ptr) + dst_offset;
+    if (s < d + bytes && d < s + bytes) throw py::value_error("_copy_bytes: ranges overlap");
+    py::gil_scoped_release release;
+    smdist::CopyBytes(d, s, bytes);
   });
 }
