@@ -106,7 +106,10 @@ def engine_config() -> dict:
     """The engine settings in force (fusion threshold, cycle time, stall timeouts, host name).
 
     ``intra_host_allreduce`` says which path large allreduces between ranks of
-    one host take: ``cross_memory_attach``, ``shared_memory`` or ``mpi``.
+    one host take: ``cross_memory_attach``, ``shared_memory`` or ``mpi``;
+    ``cross_memory_min_bytes`` the size from which single-host allreduces take
+    cross-memory attach, and ``cross_memory_min_measured`` whether ``init()``
+    measured it on this host (see ``SMDIST_CROSS_MEMORY_MIN_BYTES``).
     """
     return dict(_rt.config())
 

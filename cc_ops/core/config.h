@@ -23,8 +23,12 @@ struct EngineConfig {
   // when the OS allows it; otherwise, or when off, through the shared segment.
   bool cross_memory_attach = true;
   // Smaller single-host allreduces still go through the shared segment: its
-  // cached rounds beat reading peers' memory until the tensors outgrow cache.
-  int64_t cross_memory_min_bytes = 4 * 1024 * 1024;
+  // cached rounds can beat reading peers' memory until the tensors outgrow
+  // cache. Where the two cross depends on the machine: negative (the default)
+  // measures it at init. Set to the value in force once the engine is up,
+  // with cross_memory_min_measured saying which it was.
+  int64_t cross_memory_min_bytes = -1;
+  bool cross_memory_min_measured = false;
   // Collectives remembered for bit-vector negotiation; 0 disables the cache.
   int64_t cache_capacity = 1024;
   std::string timeline_path;  // Chrome-trace output; empty disables

@@ -70,6 +70,8 @@ Status Engine::Init() {
   config_ = EngineConfig::FromEnvironment();
   std::unique_ptr<MpiTransport> mpi;
   SMDIST_RETURN_IF_ERROR(MpiTransport::Create(config_, &mpi));
+  config_.cross_memory_min_bytes = mpi->cross_memory_min_bytes();
+  config_.cross_memory_min_measured = mpi->cross_memory_min_measured();
   transport_ = std::move(mpi);
   if (mpi_threads_multiple_) {
     // Its own communicator and thread: created here because duplicating

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "mpi_types.h"
+#include "path_calibration.h"
 #include "reduction.h"
 
 namespace smdist {
@@ -190,7 +191,16 @@ Status MpiTransport::Create(const EngineConfig& config, std::unique_ptr<MpiTrans
     SMDIST_RETURN_IF_ERROR(CrossMemoryAllreduce::Create(t->local_, &t->cma_));
   }
   t->shm_min_bytes_ = config.shm_min_bytes;
-  t->cma_min_bytes_ = t->shm_ ? std::max(config.shm_min_bytes, config.cross_memory_min_bytes) : config.shm_min_bytes;
+  if (t->shm_ && t->cma_ && config.cross_memory_min_bytes < 0) {
+    // Unset: measured on this host. Only single-host jobs get here, so every
+    // rank takes part and all get the same answer.
+    SMDIST_RETURN_IF_ERROR(MeasureCrossMemoryMin(t->local_, t->shm_.get(), t->cma_.get(),
+                                                 config.shm_min_bytes, &t->cma_min_bytes_));
+    t->cma_min_measured_ = true;
+  } else {
+    const int64_t wished = config.cross_memory_min_bytes < 0 ? kCrossMemoryMinFallback : config.cross_memory_min_bytes;
+    t->cma_min_bytes_ = t->shm_ ? std::max(config.shm_min_bytes, wished) : config.shm_min_bytes;
+  }
   *out = std::move(t);
   return Status::OK();
 }

@@ -47,6 +47,10 @@ class MpiTransport : public Transport {
   bool hierarchical() const { return hierarchical_; }
   // True when single-host allreduces read peers' memory directly.
   bool cross_memory_attach() const { return cma_ != nullptr; }
+  // Single-host allreduces of at least this many bytes read peers' memory
+  // directly; whether that size was measured here (config unset) or given.
+  int64_t cross_memory_min_bytes() const { return cma_min_bytes_; }
+  bool cross_memory_min_measured() const { return cma_min_measured_; }
   Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
                     DataType dtype) override;
   Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) override;
@@ -65,6 +69,7 @@ class MpiTransport : public Transport {
   std::unique_ptr<CrossMemoryAllreduce> cma_;
   int64_t shm_min_bytes_ = 0;
   int64_t cma_min_bytes_ = 0;  // with shm_ too; otherwise shm_min_bytes_
+  bool cma_min_measured_ = false;
   bool hierarchical_ = false;
 };
 

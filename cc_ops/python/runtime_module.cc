@@ -79,6 +79,7 @@ PYBIND11_MODULE(_runtime, m) {
     d["shm_segment_bytes"] = c.shm_segment_bytes;
     d["shm_min_bytes"] = c.shm_min_bytes;
     d["cross_memory_min_bytes"] = c.cross_memory_min_bytes;
+    d["cross_memory_min_measured"] = c.cross_memory_min_measured;
     d["cross_memory_attach"] = c.cross_memory_attach;
     d["cache_capacity"] = c.cache_capacity;
     d["timeline"] = c.timeline_path;

@@ -366,9 +366,15 @@ class SharedMemoryPathTest(tf.test.TestCase):
                         self.assertEqual(out.shape, v[RANK].shape)
                         self.assertAllClose(tf.cast(out, tf.float64), expected_reduction(v, op, dtype, pre, post), **tolerance(dtype))
 
-    def test_default_threshold_large_tensors(self):
-        self.assertGreater(sd.engine_config()["shm_segment_bytes"], 0)
-        self._check_all([70001, 300001])
+    def test_default_segment_large_tensors(self):
+        # Cross-memory attach off: with it, the measured threshold may send these sizes there.
+        restart_engine(SMDIST_CROSS_MEMORY_ATTACH="0")
+        try:
+            self.assertGreater(sd.engine_config()["shm_segment_bytes"], 0)
+            self.assertEqual(sd.engine_config()["intra_host_allreduce"], "shared_memory")
+            self._check_all([70001, 300001])  # 300001 floats: two rounds of the default 1 MiB
+        finally:
+            restart_engine(SMDIST_CROSS_MEMORY_ATTACH="")
 
     def test_tiny_segments_many_chunks_and_shard_edges(self):
         restart_engine(SMDIST_SHM_SEGMENT_BYTES="4096", SMDIST_SHM_MIN_BYTES="0", SMDIST_CROSS_MEMORY_ATTACH="0")
@@ -481,6 +487,39 @@ class CrossMemoryPathTest(tf.test.TestCase):
             self.assertIn("hg", mapping.get("VmFlags", []), what)  # MADV_HUGEPAGE
             if tuple(int(v) for v in re.findall(r"\d+", os.uname().release)[:2]) >= (6, 1):
                 self.assertGreaterEqual(mapping.get("AnonHugePages", 0), 2048, what)  # MADV_COLLAPSE
+
+
+class CrossMemoryThresholdTest(tf.test.TestCase):
+    """Where single-host allreduces switch to cross-memory attach: measured at init unless set."""
+
+    CANDIDATES = {256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20}
+
+    def test_measured_threshold_is_the_same_on_every_rank_and_reduces_correctly(self):
+        restart_engine(SMDIST_CROSS_MEMORY_MIN_BYTES="")
+        config = sd.engine_config()
+        if config["intra_host_allreduce"] != "cross_memory_attach":
+            self.skipTest("this OS does not let ranks read each other's memory (ptrace restrictions)")
+        self.assertTrue(config["cross_memory_min_measured"])
+        threshold = config["cross_memory_min_bytes"]
+        self.assertIn(threshold, self.CANDIDATES)
+        # Ranks that chose different paths for one size would hang or garble the result.
+        seen = sd.allgather(tf.constant([threshold], tf.int64)).numpy()
+        self.assertAllEqual(seen, np.full([SIZE], threshold))
+        for count in (threshold // 4 - 1, threshold // 4):  # either side of the switch
+            values = all_rank_values((count,), tf.float32, sd.Sum, seed=count)
+            out = sd.allreduce(tf.constant(values[RANK]), op=sd.Sum, name=f"cma.threshold.{count}")
+            self.assertAllClose(out, expected_reduction(values, sd.Sum, tf.float32), rtol=1e-5, atol=1e-5)
+
+    def test_a_given_threshold_is_used_as_is(self):
+        restart_engine(SMDIST_CROSS_MEMORY_MIN_BYTES="3000000")
+        try:
+            config = sd.engine_config()
+            if config["intra_host_allreduce"] != "cross_memory_attach":
+                self.skipTest("this OS does not let ranks read each other's memory (ptrace restrictions)")
+            self.assertFalse(config["cross_memory_min_measured"])
+            self.assertEqual(config["cross_memory_min_bytes"], 3000000)
+        finally:
+            restart_engine(SMDIST_CROSS_MEMORY_MIN_BYTES="")
 
 
 class WireCompressionTest(tf.test.TestCase):

@@ -1,0 +1,62 @@
+#include "path_calibration.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <vector>
+
+#include "mpi_types.h"
+#include "span_staging.h"
+
+namespace smdist {
+namespace {
+constexpr int kTrials = 3;        // best of: a stray preemption cannot decide
+constexpr int kRunsPerTrial = 3;  // back to back, as a training step issues them
+
+// Seconds for kRunsPerTrial allreduces of `count` floats on the slowest local rank.
+Status TimeRuns(MPI_Comm local, bool cross_memory, SharedMemoryAllreduce* shm, CrossMemoryAllreduce* cma,
+                const float* in, float* out, int64_t count, double* seconds) {
+  int rc = MPI_Barrier(local);
+  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Barrier(calibration)");
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kRunsPerTrial; ++i) {
+    if (cross_memory) {
+      SMDIST_RETURN_IF_ERROR(cma->Run({TensorSpan{in, out, count}}, DataType::kFloat32, ReduceOp::kSum, 1.0));
+    } else {
+      SMDIST_RETURN_IF_ERROR(shm->Run(
+          SpanStaging({TensorSpan{in, out, count}}, DataType::kFloat32, DataType::kFloat32, 1.0, 1.0),
+          ReduceOp::kSum));
+    }
+  }
+  double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  rc = MPI_Allreduce(&mine, seconds, 1, MPI_DOUBLE, MPI_MAX, local);
+  return MpiError(rc, "MPI_Allreduce(calibration time)");
+}
+}  // namespace
+
+Status MeasureCrossMemoryMin(MPI_Comm local, SharedMemoryAllreduce* shm, CrossMemoryAllreduce* cma,
+                             int64_t floor, int64_t* min_bytes) {
+  const int64_t largest = *std::max_element(std::begin(kCalibrationSizes), std::end(kCalibrationSizes));
+  // Separate input and output, as an eager op has: the common case to get right.
+  std::vector<float> in(static_cast<size_t>(largest / 4), 1.0f), out(in.size(), 0.0f);
+  int64_t answer = std::max(floor, kCrossMemoryMinFallback);
+  for (auto it = std::rbegin(kCalibrationSizes); it != std::rend(kCalibrationSizes); ++it) {
+    const int64_t bytes = *it;
+    if (bytes < floor) break;
+    const int64_t count = bytes / 4;
+    double best[2] = {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
+    for (int trial = -1; trial < kTrials; ++trial) {  // trial -1 warms both paths up (page faults)
+      for (int path = 0; path < 2; ++path) {
+        double seconds = 0;
+        SMDIST_RETURN_IF_ERROR(TimeRuns(local, path == 1, shm, cma, in.data(), out.data(), count, &seconds));
+        if (trial >= 0) best[path] = std::min(best[path], seconds);
+      }
+    }
+    if (best[1] > best[0]) break;  // the shared-memory path wins here, so at smaller sizes too
+    answer = bytes;
+  }
+  *min_bytes = answer;
+  return Status::OK();
+}
+
+}  // namespace smdist
