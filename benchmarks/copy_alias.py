@@ -8,7 +8,8 @@ routes its bulk copies through ``CopyBytes`` (``cc_ops/core/copy_bytes.h``) and
 places cross-memory reads so neither case happens. This prints one JSON line per (copy, size, delta):
 
 * ``memcpy``: ``numpy.copyto``, that is glibc's memcpy;
-* ``copy_bytes``: the engine's ``CopyBytes``;
+* ``copy_bytes``: the engine's ``CopyBytes`` (its vector loop in the slow window on AMD CPUs only);
+* ``copy_bytes_vector_loop``: that loop, on any CPU;
 * ``process_vm_readv``: the kernel's copy, reading this process's own memory.
 
 Run: ``python benchmarks/copy_alias.py`` (one process, no MPI, a few seconds).
@@ -73,6 +74,8 @@ def main() -> None:
     copies = {
         "memcpy": lambda dst, at, src, size: np.copyto(dst[at:at + size], src[:size]),
         "copy_bytes": lambda dst, at, src, size: _runtime._copy_bytes(dst, at, src, 0, size),
+        "copy_bytes_vector_loop": lambda dst, at, src, size: _runtime._copy_bytes(dst, at, src, 0, size,
+                                                                                  vector_loop=True),
         "process_vm_readv": _kernel_copy(),
     }
     for size in SIZES:

@@ -125,6 +125,6 @@ def test_copy_alias_emits_json_for_every_copy() -> None:
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-5000:]
     records = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
-    assert {r["copy"] for r in records} == {"memcpy", "copy_bytes", "process_vm_readv"}
-    assert len(records) == 3 * 3 * 5  # copies x sizes x deltas
+    assert {r["copy"] for r in records} == {"memcpy", "copy_bytes", "copy_bytes_vector_loop", "process_vm_readv"}
+    assert len(records) == 4 * 3 * 5  # copies x sizes x deltas
     assert all(r["seconds"] > 0 for r in records)

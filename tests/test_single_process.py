@@ -153,9 +153,18 @@ class CopyBytesTest(tf.test.TestCase):
                 dst = np.full(size + 8192 + 64, 7, np.uint8)
                 # Destination `delta` bytes past the source, modulo 4 KiB.
                 at = (src.ctypes.data - dst.ctypes.data + delta) % 4096
-                _runtime._copy_bytes(dst, at, src, 0, size)
-                self.assertTrue(np.array_equal(dst[at:at + size], src[:size]), (size, delta))
-                self.assertTrue((dst[:at] == 7).all() and (dst[at + size:] == 7).all(), (size, delta))
+                for loop in (False, True):  # what this CPU takes; the AMD loop, wherever we are
+                    dst[:] = 7
+                    _runtime._copy_bytes(dst, at, src, 0, size, vector_loop=loop)
+                    self.assertTrue(np.array_equal(dst[at:at + size], src[:size]), (size, delta, loop))
+                    self.assertTrue((dst[:at] == 7).all() and (dst[at + size:] == 7).all(), (size, delta, loop))
+
+    def test_loop_only_on_cpus_with_the_slow_case(self):
+        from smdist_tf import _runtime
+
+        with open("/proc/cpuinfo") as f:
+            amd = "AuthenticAMD" in f.read()
+        self.assertEqual(_runtime._cpu_has_slow_movsb_window(), amd)
 
     def test_bad_ranges_are_refused(self):
         from smdist_tf import _runtime

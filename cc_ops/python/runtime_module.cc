@@ -88,7 +88,9 @@ PYBIND11_MODULE(_runtime, m) {
     return d;
   });
   // The engine's bulk copy, exposed so it can be tested and timed at chosen offsets.
-  m.def("_copy_bytes", [](py::buffer dst, size_t dst_offset, py::buffer src, size_t src_offset, size_t bytes) {
+  // vector_loop=True takes the slow-case loop whatever the CPU, so tests cover it everywhere.
+  m.def("_copy_bytes", [](py::buffer dst, size_t dst_offset, py::buffer src, size_t src_offset, size_t bytes,
+                          bool vector_loop) {
     const py::buffer_info to = dst.request(/*writable=*/true);
     const py::buffer_info from = src.request();
     const auto length = [](const py::buffer_info& b) { return static_cast<size_t>(b.size * b.itemsize); };
@@ -104,6 +106,12 @@ PYBIND11_MODULE(_runtime, m) {
     auto* d = static_cast<uint8_t*>(to.ptr) + dst_offset;
     if (s < d + bytes && d < s + bytes) throw py::value_error("_copy_bytes: ranges overlap");
     py::gil_scoped_release release;
-    smdist::CopyBytes(d, s, bytes);
-  });
+    if (vector_loop) {
+      smdist::CopyBytesVectorLoop(d, s, bytes);
+    } else {
+      smdist::CopyBytes(d, s, bytes);
+    }
+  }, py::arg("dst"), py::arg("dst_offset"), py::arg("src"), py::arg("src_offset"), py::arg("bytes"),
+     py::arg("vector_loop") = false);
+  m.def("_cpu_has_slow_movsb_window", &smdist::CpuHasSlowMovsbWindow);
 }
