@@ -654,11 +654,19 @@ def summarize(figures: dict, records: list[dict], args: argparse.Namespace, erro
     big16 = [v for k, v in figures["busbw_ratio_smdist_vs_mpi_fp32"].items() if int(k) >= 16 * MIB and v is not None]
     comps = [v for v in figures["fp16_compression_time_ratio_vs_fp32"].values() if v is not None]
     lat, speedup = figures["latency_4KiB_eager_us"], figures["fused_speedup_vs_unfused"]
+    paired = [v for key in ("busbw_ratio_smdist_vs_mpi_out_of_place_fp32", "busbw_ratio_smdist_tf_function_vs_mpi_fp32")
+              for v in figures[key].values() if v is not None]
+    like_for_like = min(paired) if paired else None
     summary = {"summary": True, "np": args.np, "sizes": args.sizes, "quick": args.quick, "repeats": args.repeat}
     summary.update(figures)
     summary.update({
         "min_busbw_ratio_ge_1MiB": min(ratios) if ratios else None,
         "target_busbw_ge_1x_mpi": (min(ratios) >= 1.0) if ratios else None,
+        # Like for like: an eager op cannot overwrite a tensor Python still holds, so eager runs
+        # out of place against MPI out of place, and the tf.function chain in place against MPI
+        # in place. The target above pits eager against MPI in place, the harder comparison.
+        "min_busbw_ratio_ge_1MiB_like_for_like": like_for_like,
+        "target_busbw_ge_1x_mpi_like_for_like": (like_for_like >= 1.0) if like_for_like is not None else None,
         "target_busbw_ge_2x_mpi_ge_16MiB": (min(big16) >= 2.0) if big16 else None,
         "target_latency_4KiB_le_100us": (lat <= 100.0) if lat is not None else None,
         "target_fused_ge_3x": (speedup >= 3.0) if speedup is not None else None,
