@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -12,6 +13,9 @@ namespace smdist {
 namespace {
 constexpr int kTrials = 3;        // best of: a stray preemption cannot decide
 constexpr int kRunsPerTrial = 3;  // back to back, as a training step issues them
+// Bounds init's cost when a path is very slow (e.g. a tiny SMDIST_SHM_SEGMENT_BYTES
+// makes the copy path take thousands of rounds): sizes not reached are not tried.
+constexpr double kBudgetSeconds = 0.25;
 
 // Seconds for kRunsPerTrial allreduces of `count` floats on the slowest local rank.
 Status TimeRuns(MPI_Comm local, bool cross_memory, SharedMemoryAllreduce* shm, CrossMemoryAllreduce* cma,
@@ -40,19 +44,22 @@ Status MeasureCrossMemoryMin(MPI_Comm local, SharedMemoryAllreduce* shm, CrossMe
   // Separate input and output, as an eager op has: the common case to get right.
   std::vector<float> in(static_cast<size_t>(largest / 4), 1.0f), out(in.size(), 0.0f);
   int64_t answer = std::max(floor, kCrossMemoryMinFallback);
+  double spent = 0;  // the sum of agreed (slowest-rank) times: the same on every rank
   for (auto it = std::rbegin(kCalibrationSizes); it != std::rend(kCalibrationSizes); ++it) {
     const int64_t bytes = *it;
     if (bytes < floor) break;
     const int64_t count = bytes / 4;
     double best[2] = {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
-    for (int trial = -1; trial < kTrials; ++trial) {  // trial -1 warms both paths up (page faults)
+    for (int trial = -1; trial < kTrials && spent <= kBudgetSeconds; ++trial) {  // -1 warms both up
       for (int path = 0; path < 2; ++path) {
         double seconds = 0;
         SMDIST_RETURN_IF_ERROR(TimeRuns(local, path == 1, shm, cma, in.data(), out.data(), count, &seconds));
+        spent += seconds;
         if (trial >= 0) best[path] = std::min(best[path], seconds);
       }
     }
-    if (best[1] > best[0]) break;  // the shared-memory path wins here, so at smaller sizes too
+    // Out of time before any timed trial: this size was not measured.
+    if (std::isinf(best[0]) || best[1] > best[0]) break;  // the copy path wins here, so below too
     answer = bytes;
   }
   *min_bytes = answer;
