@@ -195,8 +195,8 @@ Status MpiTransport::Create(const EngineConfig& config, std::unique_ptr<MpiTrans
     // Unset: measured on this host. Only single-host jobs get here, so every
     // rank takes part and all get the same answer.
     SMDIST_RETURN_IF_ERROR(MeasureCrossMemoryMin(t->local_, t->shm_.get(), t->cma_.get(),
-                                                 config.shm_min_bytes, &t->cma_min_bytes_));
-    t->cma_min_measured_ = true;
+                                                 config.shm_min_bytes, &t->cma_min_bytes_,
+                                                 &t->cma_min_measured_));
   } else {
     const int64_t wished = config.cross_memory_min_bytes < 0 ? kCrossMemoryMinFallback : config.cross_memory_min_bytes;
     t->cma_min_bytes_ = t->shm_ ? std::max(config.shm_min_bytes, wished) : config.shm_min_bytes;

@@ -24,8 +24,9 @@ constexpr int64_t kCrossMemoryMinFallback = 4 << 20;
 // `floor`. Times the two paths on this host's ranks, interleaved, keeping each
 // path's best trial; ranks decide on the slowest rank's times, so all agree.
 // Stops early, keeping the answer so far, once the trials have taken 0.25 s.
-// Collective over `local`.
+// `measured` is false when no size was tried (all below `floor`): the answer
+// is then the fallback. Collective over `local`.
 Status MeasureCrossMemoryMin(MPI_Comm local, SharedMemoryAllreduce* shm, CrossMemoryAllreduce* cma,
-                             int64_t floor, int64_t* min_bytes);
+                             int64_t floor, int64_t* min_bytes, bool* measured);
 
 }  // namespace smdist

@@ -510,6 +510,21 @@ class CrossMemoryThresholdTest(tf.test.TestCase):
             out = sd.allreduce(tf.constant(values[RANK]), op=sd.Sum, name=f"cma.threshold.{count}")
             self.assertAllClose(out, expected_reduction(values, sd.Sum, tf.float32), rtol=1e-5, atol=1e-5)
 
+    def test_nothing_is_measured_above_the_shared_memory_floor(self):
+        # Below SMDIST_SHM_MIN_BYTES MPI reduces anyway: no size is left to time.
+        restart_engine(SMDIST_CROSS_MEMORY_MIN_BYTES="", SMDIST_SHM_MIN_BYTES=str(3 << 20))
+        try:
+            config = sd.engine_config()
+            if config["intra_host_allreduce"] != "cross_memory_attach":
+                self.skipTest("this OS does not let ranks read each other's memory (ptrace restrictions)")
+            self.assertFalse(config["cross_memory_min_measured"])
+            self.assertEqual(config["cross_memory_min_bytes"], 4 << 20)
+            values = all_rank_values(((3 << 20) // 4,), tf.float32, sd.Sum, seed=3)
+            out = sd.allreduce(tf.constant(values[RANK]), op=sd.Sum, name="cma.floor")
+            self.assertAllClose(out, expected_reduction(values, sd.Sum, tf.float32), rtol=1e-5, atol=1e-5)
+        finally:
+            restart_engine(SMDIST_SHM_MIN_BYTES="")
+
     def test_a_given_threshold_is_used_as_is(self):
         restart_engine(SMDIST_CROSS_MEMORY_MIN_BYTES="3000000")
         try:
