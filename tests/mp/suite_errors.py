@@ -421,14 +421,19 @@ def _mapping_of(address: int) -> dict:
     return found or {}
 
 
+def skip_without_cross_memory_attach(test: tf.test.TestCase) -> None:
+    """Skips `test` unless the engine, as now configured, reads peers' memory directly."""
+    if sd.engine_config()["intra_host_allreduce"] != "cross_memory_attach":
+        test.skipTest("this OS does not let ranks read each other's memory (ptrace restrictions)")
+
+
 class CrossMemoryPathTest(tf.test.TestCase):
     """Single-host allreduces that read peers' tensors in place (process_vm_readv), fused without a buffer."""
 
     def setUp(self):
         super().setUp()
         restart_engine(SMDIST_SHM_MIN_BYTES="0", SMDIST_CROSS_MEMORY_MIN_BYTES="0")
-        if sd.engine_config()["intra_host_allreduce"] != "cross_memory_attach":
-            self.skipTest("this OS does not let ranks read each other's memory (ptrace restrictions)")
+        skip_without_cross_memory_attach(self)
 
     def tearDown(self):
         restart_engine(SMDIST_SHM_MIN_BYTES="", SMDIST_CROSS_MEMORY_MIN_BYTES="")
@@ -496,9 +501,8 @@ class CrossMemoryThresholdTest(tf.test.TestCase):
 
     def test_measured_threshold_is_the_same_on_every_rank_and_reduces_correctly(self):
         restart_engine(SMDIST_CROSS_MEMORY_MIN_BYTES="")
+        skip_without_cross_memory_attach(self)
         config = sd.engine_config()
-        if config["intra_host_allreduce"] != "cross_memory_attach":
-            self.skipTest("this OS does not let ranks read each other's memory (ptrace restrictions)")
         self.assertTrue(config["cross_memory_min_measured"])
         threshold = config["cross_memory_min_bytes"]
         self.assertIn(threshold, self.CANDIDATES)
@@ -514,9 +518,8 @@ class CrossMemoryThresholdTest(tf.test.TestCase):
         # Below SMDIST_SHM_MIN_BYTES MPI reduces anyway: no size is left to time.
         restart_engine(SMDIST_CROSS_MEMORY_MIN_BYTES="", SMDIST_SHM_MIN_BYTES=str(3 << 20))
         try:
+            skip_without_cross_memory_attach(self)
             config = sd.engine_config()
-            if config["intra_host_allreduce"] != "cross_memory_attach":
-                self.skipTest("this OS does not let ranks read each other's memory (ptrace restrictions)")
             self.assertFalse(config["cross_memory_min_measured"])
             self.assertEqual(config["cross_memory_min_bytes"], 4 << 20)
             values = all_rank_values(((3 << 20) // 4,), tf.float32, sd.Sum, seed=3)
@@ -528,9 +531,8 @@ class CrossMemoryThresholdTest(tf.test.TestCase):
     def test_a_given_threshold_is_used_as_is(self):
         restart_engine(SMDIST_CROSS_MEMORY_MIN_BYTES="3000000")
         try:
+            skip_without_cross_memory_attach(self)
             config = sd.engine_config()
-            if config["intra_host_allreduce"] != "cross_memory_attach":
-                self.skipTest("this OS does not let ranks read each other's memory (ptrace restrictions)")
             self.assertFalse(config["cross_memory_min_measured"])
             self.assertEqual(config["cross_memory_min_bytes"], 3000000)
         finally:
