@@ -57,6 +57,10 @@ EngineConfig EngineConfig::FromEnvironment() {
   c.cross_memory_min_bytes = static_cast<int64_t>(
       ReadDouble("SMDIST_CROSS_MEMORY_MIN_BYTES", "SMDIST_CROSS_MEMORY_MIN_BYTES",
                  static_cast<double>(c.cross_memory_min_bytes)));
+  c.shared_output_bytes = static_cast<int64_t>(
+      ReadDouble("SMDIST_SHARED_OUTPUT_BYTES", "SMDIST_SHARED_OUTPUT_BYTES",
+                 static_cast<double>(c.shared_output_bytes)));
+  if (c.shared_output_bytes < 0) c.shared_output_bytes = 0;
   c.cache_capacity = static_cast<int64_t>(ReadDouble(
       "SMDIST_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", static_cast<double>(c.cache_capacity)));
   if (c.cache_capacity < 0) c.cache_capacity = 0;

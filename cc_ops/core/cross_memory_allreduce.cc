@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string>
 
+#include "copy_bytes.h"
+#include "logging.h"
 #include "mpi_types.h"
 #include "reduction.h"
 #include "shard_range.h"
@@ -19,7 +21,8 @@ constexpr int64_t kChunkBytes = 256 * 1024;
 constexpr uintptr_t kLineBytes = 64;
 }  // namespace
 
-Status CrossMemoryAllreduce::Create(MPI_Comm local, std::unique_ptr<CrossMemoryAllreduce>* out) {
+Status CrossMemoryAllreduce::Create(MPI_Comm local, int64_t arena_bytes,
+                                    std::unique_ptr<CrossMemoryAllreduce>* out) {
   auto c = std::make_unique<CrossMemoryAllreduce>();
   c->local_ = local;
   MPI_Comm_rank(local, &c->local_rank_);
@@ -33,6 +36,7 @@ Status CrossMemoryAllreduce::Create(MPI_Comm local, std::unique_ptr<CrossMemoryA
   c->probe_ = 0x5eedf00dULL ^ (static_cast<uint64_t>(getpid()) << 20) ^ c->local_rank_;
   mine->probe_address = reinterpret_cast<uint64_t>(&c->probe_);
   mine->probe_value = c->probe_;
+  mine->arena_fd = -1;
   SMDIST_RETURN_IF_ERROR(c->LocalBarrier());
   int readable = 1;
   for (int r = 0; r < c->local_size_; ++r) {
@@ -49,8 +53,57 @@ Status CrossMemoryAllreduce::Create(MPI_Comm local, std::unique_ptr<CrossMemoryA
   int everyone = 0;
   const int rc = MPI_Allreduce(&readable, &everyone, 1, MPI_INT, MPI_MIN, local);
   if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce(cross-memory probe)");
-  if (everyone) *out = std::move(c);  // otherwise the destructor frees the window on every rank
+  if (!everyone) return Status::OK();  // the destructor frees the window on every rank
+  if (arena_bytes > 0) SMDIST_RETURN_IF_ERROR(c->ShareArenas(arena_bytes));
+  *out = std::move(c);
   return Status::OK();
+}
+
+Status CrossMemoryAllreduce::ShareArenas(int64_t arena_bytes) {
+  Slot* mine = slots_[local_rank_];
+  const Status created = SharedOutputArena::Create(arena_bytes, &arena_);
+  if (created.ok()) {
+    mine->arena_fd = arena_->fd();
+    mine->arena_address = reinterpret_cast<uint64_t>(arena_->base());
+    mine->arena_bytes = arena_->capacity();
+  } else {
+    LogWarning("no shared output arena: " + created.message());
+  }
+  SMDIST_RETURN_IF_ERROR(LocalBarrier());
+  int mapped = created.ok() ? 1 : 0;
+  peer_arenas_.resize(local_size_);
+  for (int r = 0; r < local_size_ && mapped; ++r) {
+    if (r == local_rank_) continue;
+    if (slots_[r]->arena_fd < 0) {
+      mapped = 0;
+      break;
+    }
+    const Status s = PeerArenaMapping::Map(static_cast<pid_t>(slots_[r]->pid),
+                                           static_cast<int>(slots_[r]->arena_fd), slots_[r]->arena_bytes,
+                                           &peer_arenas_[r]);
+    if (!s.ok()) {
+      LogWarning("no shared output arena: " + s.message());
+      mapped = 0;
+    }
+  }
+  int everyone = 0;
+  const int rc = MPI_Allreduce(&mapped, &everyone, 1, MPI_INT, MPI_MIN, local_);
+  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce(output arena)");
+  if (!everyone) {
+    // Nothing will be placed in the arenas; outputs go through process_vm_writev.
+    peer_arenas_.clear();
+    arena_.reset();
+  }
+  return Status::OK();
+}
+
+uint8_t* CrossMemoryAllreduce::MappedPeerAddress(int peer, uint64_t remote, int64_t bytes) const {
+  if (peer_arenas_.empty()) return nullptr;
+  const Slot* slot = slots_[peer];
+  if (remote < slot->arena_address) return nullptr;
+  const uint64_t offset = remote - slot->arena_address;
+  if (offset + static_cast<uint64_t>(bytes) > static_cast<uint64_t>(slot->arena_bytes)) return nullptr;
+  return peer_arenas_[peer]->data() + offset;
 }
 
 Status CrossMemoryAllreduce::LocalBarrier() { return window_->Barrier(); }
@@ -116,6 +169,11 @@ Status CrossMemoryAllreduce::ReduceMyShard(const std::vector<TensorSpan>& spans,
       for (int r = 0; r < local_size_; ++r) {
         if (r == local_rank_) continue;
         const uint64_t remote = slots_[r]->addresses[2 * p.span] + at * elem;
+        // An input in the peer's arena (an earlier allreduce's output) is read in place.
+        if (const uint8_t* mapped = MappedPeerAddress(r, remote, n * elem)) {
+          sources[++k] = mapped;
+          continue;
+        }
         // The kernel copies with rep movsb, slow when the destination lies just
         // past the source modulo 4 KiB (copy_bytes.h): same offset in a line as the source.
         const uintptr_t slack = reinterpret_cast<uintptr_t>(scratch_.data()) + static_cast<size_t>(k) * stride;
@@ -126,11 +184,15 @@ Status CrossMemoryAllreduce::ReduceMyShard(const std::vector<TensorSpan>& spans,
       }
       ReduceManyThenScale(dtype, op, sources.data(), local_size_, out + at * elem, n, postscale);
       // Pushed to every peer's output while still in cache, instead of each peer
-      // reading it back later.
+      // reading it back later: a plain copy when the output is in the peer's arena.
       for (int r = 0; r < local_size_; ++r) {
         if (r == local_rank_) continue;
-        SMDIST_RETURN_IF_ERROR(
-            WritePeer(r, slots_[r]->addresses[2 * p.span + 1] + at * elem, out + at * elem, n * elem));
+        const uint64_t remote = slots_[r]->addresses[2 * p.span + 1] + at * elem;
+        if (uint8_t* mapped = MappedPeerAddress(r, remote, n * elem)) {
+          CopyBytes(mapped, out + at * elem, static_cast<size_t>(n * elem));
+        } else {
+          SMDIST_RETURN_IF_ERROR(WritePeer(r, remote, out + at * elem, n * elem));
+        }
       }
     }
   }

@@ -6,6 +6,7 @@
 // a shared segment, and fused tensors are read where they lie, so no
 // fusion-buffer copies either.
 // Ranks publish their tensor addresses in a small shared control window.
+// Tensors that lie in a peer's SharedOutputArena are read and stored directly.
 #pragma once
 
 #include <mpi.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "huge_pages.h"
+#include "shared_output_arena.h"
 #include "shared_window.h"
 #include "status.h"
 #include "transport.h"
@@ -30,8 +32,10 @@ class CrossMemoryAllreduce {
 
   // Collective over `local`. Leaves `*out` empty (and returns OK) when some
   // rank of the host cannot read its peers' memory (ptrace restrictions,
-  // separate PID namespaces), so every rank falls back together.
-  static Status Create(MPI_Comm local, std::unique_ptr<CrossMemoryAllreduce>* out);
+  // separate PID namespaces), so every rank falls back together. With
+  // `arena_bytes` > 0 every rank also gets an output arena all peers map;
+  // if any rank cannot create or map one, none has one.
+  static Status Create(MPI_Comm local, int64_t arena_bytes, std::unique_ptr<CrossMemoryAllreduce>* out);
   CrossMemoryAllreduce() = default;  // use Create()
   CrossMemoryAllreduce(const CrossMemoryAllreduce&) = delete;
   CrossMemoryAllreduce& operator=(const CrossMemoryAllreduce&) = delete;
@@ -41,12 +45,18 @@ class CrossMemoryAllreduce {
   // the same order. `op` is Sum, Min, Max or Product.
   Status Run(const std::vector<TensorSpan>& spans, DataType dtype, ReduceOp op, double postscale);
 
+  // This rank's output arena, or null.
+  const std::shared_ptr<SharedOutputArena>& output_arena() const { return arena_; }
+
  private:
   // One per rank in the control window.
   struct Slot {
     int64_t pid;
     uint64_t probe_address;  // a word peers read once at start-up to prove access
     uint64_t probe_value;
+    int64_t arena_fd;          // -1 without an arena
+    uint64_t arena_address;    // where the owner maps it
+    int64_t arena_bytes;
     int64_t num_spans;
     uint64_t addresses[2 * kMaxSpans];  // input, output of each span
   };
@@ -58,6 +68,11 @@ class CrossMemoryAllreduce {
   };
 
   Status LocalBarrier();
+  // Creates this rank's arena and maps every peer's; all ranks or none.
+  Status ShareArenas(int64_t arena_bytes);
+  // Where address `remote` of rank `peer` is mapped here, or null when
+  // [remote, remote + bytes) is not inside the peer's arena.
+  uint8_t* MappedPeerAddress(int peer, uint64_t remote, int64_t bytes) const;
   // Reads `bytes` at `remote` in rank `peer`'s memory into `local`.
   Status ReadPeer(int peer, void* local, uint64_t remote, int64_t bytes) const;
   // Writes `bytes` from `local` to `remote` in rank `peer`'s memory.
@@ -77,6 +92,8 @@ class CrossMemoryAllreduce {
   std::vector<Slot*> slots_;          // every local rank's slot, mapped here
   std::vector<uint8_t> scratch_;      // one chunk per peer during the reduction
   HugePageAdvisor huge_pages_;        // for the tensors peers read and write
+  std::shared_ptr<SharedOutputArena> arena_;
+  std::vector<std::unique_ptr<PeerArenaMapping>> peer_arenas_;  // by local rank; null for this one
   uint64_t probe_ = 0;
 };
 

@@ -72,6 +72,11 @@ Status Engine::Init() {
   SMDIST_RETURN_IF_ERROR(MpiTransport::Create(config_, &mpi));
   config_.cross_memory_min_bytes = mpi->cross_memory_min_bytes();
   config_.cross_memory_min_measured = mpi->cross_memory_min_measured();
+  {
+    std::lock_guard<std::mutex> arena(arena_mu_);
+    output_arena_ = mpi->output_arena();
+  }
+  config_.shared_output_bytes = output_arena_ ? output_arena_->capacity() : 0;
   transport_ = std::move(mpi);
   if (mpi_threads_multiple_) {
     // Its own communicator and thread: created here because duplicating
@@ -134,6 +139,11 @@ void Engine::ReleaseLocked() {
     cycle_state_.reset();
   }
   initialized_ = false;
+  {
+    // Blocks handed out keep their arena mapped until TensorFlow frees them.
+    std::lock_guard<std::mutex> arena(arena_mu_);
+    output_arena_.reset();
+  }
   p2p_.reset();
   queue_.reset();
   transport_.reset();
@@ -152,6 +162,20 @@ std::string Engine::intra_host_allreduce() const {
 Topology Engine::topology() const {
   std::lock_guard<std::mutex> lock(lifecycle_mu_);
   return transport_ ? transport_->topology() : Topology();
+}
+
+std::unique_ptr<SharedOutputBlock> Engine::AllocateSharedOutput(int64_t bytes) {
+  std::shared_ptr<SharedOutputArena> arena;
+  {
+    std::lock_guard<std::mutex> lock(arena_mu_);
+    arena = output_arena_;
+  }
+  return arena ? arena->Allocate(bytes) : nullptr;
+}
+
+int64_t Engine::shared_output_bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  return output_arena_ ? output_arena_->bytes_in_use() : 0;
 }
 
 EngineConfig Engine::config() const {

@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "point_to_point.h"
+#include "shared_output_arena.h"
 #include "status.h"
 #include "tensor_entry.h"
 #include "tensor_queue.h"
@@ -56,6 +57,12 @@ class Engine {
   Status Send(SendMessage message);
   Status Recv(RecvMessage message);
 
+  // Memory for an allreduce output that this host's peers can store into
+  // directly (SharedOutputArena), or null: no arena, not running, or full.
+  // Any thread; the block may outlive the engine.
+  std::unique_ptr<SharedOutputBlock> AllocateSharedOutput(int64_t bytes);
+  int64_t shared_output_bytes_in_use() const;
+
  private:
   // Why a send/recv cannot be taken now, or OK; state_mu_ held.
   Status PointToPointReadyLocked() const;
@@ -90,6 +97,8 @@ class Engine {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<TensorQueue> queue_;
   std::unique_ptr<PointToPointChannel> p2p_;  // null without MPI_THREAD_MULTIPLE
+  mutable std::mutex arena_mu_;  // output_arena_ vs kernels on TensorFlow's threads
+  std::shared_ptr<SharedOutputArena> output_arena_;
   std::thread thread_;
   Timeline timeline_;
   // Cycles run one at a time, on the engine thread or an inline caller;

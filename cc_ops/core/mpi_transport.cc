@@ -188,7 +188,7 @@ Status MpiTransport::Create(const EngineConfig& config, std::unique_ptr<MpiTrans
         t->local_, t->hierarchical_ ? t->cross_ : MPI_COMM_NULL, config.shm_segment_bytes, &t->shm_));
   }
   if (topo.local_size > 1 && !multi_host && config.cross_memory_attach) {
-    SMDIST_RETURN_IF_ERROR(CrossMemoryAllreduce::Create(t->local_, &t->cma_));
+    SMDIST_RETURN_IF_ERROR(CrossMemoryAllreduce::Create(t->local_, config.shared_output_bytes, &t->cma_));
   }
   t->shm_min_bytes_ = config.shm_min_bytes;
   if (t->shm_ && t->cma_ && config.cross_memory_min_bytes < 0) {

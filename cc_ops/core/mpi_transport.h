@@ -51,6 +51,10 @@ class MpiTransport : public Transport {
   // directly; whether that size was measured here (config unset) or given.
   int64_t cross_memory_min_bytes() const { return cma_min_bytes_; }
   bool cross_memory_min_measured() const { return cma_min_measured_; }
+  // Where allreduce outputs go so peers can store into them, or null.
+  std::shared_ptr<SharedOutputArena> output_arena() const {
+    return cma_ ? cma_->output_arena() : nullptr;
+  }
   Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
                     DataType dtype) override;
   Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) override;

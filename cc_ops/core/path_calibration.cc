@@ -42,7 +42,12 @@ Status MeasureCrossMemoryMin(MPI_Comm local, SharedMemoryAllreduce* shm, CrossMe
                              int64_t floor, int64_t* min_bytes, bool* measured) {
   const int64_t largest = *std::max_element(std::begin(kCalibrationSizes), std::end(kCalibrationSizes));
   // Separate input and output, as an eager op has: the common case to get right.
-  std::vector<float> in(static_cast<size_t>(largest / 4), 1.0f), out(in.size(), 0.0f);
+  // The output where the kernels put it: in the arena when there is one.
+  std::vector<float> in(static_cast<size_t>(largest / 4), 1.0f), own_out;
+  std::unique_ptr<SharedOutputBlock> arena_out;
+  if (cma->output_arena()) arena_out = cma->output_arena()->Allocate(largest);
+  if (!arena_out) own_out.resize(in.size(), 0.0f);
+  float* out = arena_out ? static_cast<float*>(arena_out->data()) : own_out.data();
   int64_t answer = std::max(floor, kCrossMemoryMinFallback);
   double spent = 0;  // the sum of agreed (slowest-rank) times: the same on every rank
   for (auto it = std::rbegin(kCalibrationSizes); it != std::rend(kCalibrationSizes); ++it) {
@@ -53,7 +58,7 @@ Status MeasureCrossMemoryMin(MPI_Comm local, SharedMemoryAllreduce* shm, CrossMe
     for (int trial = -1; trial < kTrials && spent <= kBudgetSeconds; ++trial) {  // -1 warms both up
       for (int path = 0; path < 2; ++path) {
         double seconds = 0;
-        SMDIST_RETURN_IF_ERROR(TimeRuns(local, path == 1, shm, cma, in.data(), out.data(), count, &seconds));
+        SMDIST_RETURN_IF_ERROR(TimeRuns(local, path == 1, shm, cma, in.data(), out, count, &seconds));
         spent += seconds;
         if (trial >= 0) best[path] = std::min(best[path], seconds);
       }

@@ -81,12 +81,15 @@ PYBIND11_MODULE(_runtime, m) {
     d["cross_memory_min_bytes"] = c.cross_memory_min_bytes;
     d["cross_memory_min_measured"] = c.cross_memory_min_measured;
     d["cross_memory_attach"] = c.cross_memory_attach;
+    d["shared_output_bytes"] = c.shared_output_bytes;
     d["cache_capacity"] = c.cache_capacity;
     d["timeline"] = c.timeline_path;
     // What the transport actually chose (the settings above are only wishes).
     d["intra_host_allreduce"] = smdist::Engine::Instance().intra_host_allreduce();
     return d;
   });
+  // Bytes of this rank's shared output arena that tensors hold now (tests).
+  m.def("_shared_output_bytes_in_use", [] { return smdist::Engine::Instance().shared_output_bytes_in_use(); });
   // The engine's bulk copy, exposed so it can be tested and timed at chosen offsets.
   // vector_loop=True takes the slow-case loop whatever the CPU, so tests cover it everywhere.
   m.def("_copy_bytes", [](py::buffer dst, size_t dst_offset, py::buffer src, size_t src_offset, size_t bytes,

@@ -10,6 +10,7 @@
 #include "../core/coordinator.h"
 #include "../core/engine.h"
 #include "../core/numbered_names.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_engine_bridge.h"
 
@@ -68,6 +69,49 @@ class OpCompletion {
   std::mutex mu_;
   Status first_error_;
 };
+
+// A tensor's memory in the engine's shared output arena: peers on this host
+// store reduced shards straight into it. Frees the block when the last tensor
+// referring to it goes.
+class SharedOutputBuffer : public tensorflow::TensorBuffer {
+ public:
+  explicit SharedOutputBuffer(std::unique_ptr<SharedOutputBlock> block)
+      : TensorBuffer(block->data()), block_(std::move(block)) {}
+  size_t size() const override { return static_cast<size_t>(block_->bytes()); }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(size()));
+    proto->set_allocator_name("smdist_shared_output");
+  }
+
+ private:
+  std::unique_ptr<SharedOutputBlock> block_;
+};
+
+// Smaller outputs stay with TensorFlow's allocator: they rarely take the
+// cross-memory path, and would only fragment the arena.
+constexpr int64_t kMinSharedOutputBytes = 64 * 1024;
+
+// Output `index` shaped like input `index`: the input itself when TensorFlow
+// lets us reduce in place (no second buffer to fill, and an input already in
+// the arena stays there), else in the shared output arena when there is room,
+// else allocated by TensorFlow. Eager inputs are never forwarded: Python holds them.
+absl::Status AllocateAllreduceOutput(OpKernelContext* ctx, int index, Tensor** out) {
+  const Tensor& input = ctx->input(index);
+  const int64_t bytes = static_cast<int64_t>(input.TotalBytes());
+  if (ctx->forward_input_to_output_with_shape(index, index, input.shape(), out)) return absl::OkStatus();
+  if (bytes >= kMinSharedOutputBytes) {
+    if (auto block = Engine::Instance().AllocateSharedOutput(bytes)) {
+      // TensorFlow's buffers are reference counted and delete themselves; the
+      // RefCountPtr owns the one reference `new` creates.
+      tensorflow::core::RefCountPtr<tensorflow::TensorBuffer> buffer(new SharedOutputBuffer(std::move(block)));
+      ctx->set_output(index, Tensor(input.dtype(), input.shape(), std::move(buffer)));
+      *out = ctx->mutable_output(index);
+      return absl::OkStatus();
+    }
+  }
+  return ctx->allocate_output(index, input.shape(), out);
+}
 
 class CollectiveKernel : public AsyncOpKernel {
  public:
@@ -146,8 +190,7 @@ class AllreduceKernel : public CollectiveKernel {
       TensorEntry& e = entries[i];
       OP_REQUIRES_OK_ASYNC(ctx, Describe(call_name, ctx, i, n, &e), done);
       Tensor* out = nullptr;
-      OP_REQUIRES_OK_ASYNC(
-          ctx, ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out), done);
+      OP_REQUIRES_OK_ASYNC(ctx, AllocateAllreduceOutput(ctx, i, &out), done);
       e.output = const_cast<char*>(out->tensor_data().data());
       e.reduce_op = reduce_op_;
       e.prescale = prescale_;

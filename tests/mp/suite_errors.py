@@ -404,7 +404,7 @@ def _buffer_address(t: tf.Tensor) -> int:
 
 
 def _mapping_of(address: int) -> dict:
-    """The /proc/self/smaps entry of the mapping holding ``address``: {"VmFlags": [...], key: kB}."""
+    """The /proc/self/smaps entry of the mapping holding ``address``: {"VmFlags": [...], "path": str, key: kB}."""
     found, entry = None, {}
     with open("/proc/self/smaps") as f:
         for line in f:
@@ -415,6 +415,7 @@ def _mapping_of(address: int) -> dict:
                 lo, hi = (int(v, 16) for v in head.split("-"))
                 if lo <= address < hi:
                     found = entry
+                    entry["path"] = " ".join(line.split()[5:])
             elif found is not None:
                 key, _, value = line.partition(":")
                 found[key] = value.split() if key == "VmFlags" else int(value.split()[0])
@@ -476,7 +477,9 @@ class CrossMemoryPathTest(tf.test.TestCase):
     def test_large_tensors_are_moved_to_huge_pages(self):
         # TensorFlow never asks for huge pages; the engine does for tensors of 4 MiB and
         # more, since peers pin them page by page. Only "madvise" mode can tell: "always"
-        # gives huge pages anyway, "never" none.
+        # gives huge pages anyway, "never" none. No output arena: the output is then
+        # TensorFlow's memory, which peers write with process_vm_writev.
+        restart_engine(SMDIST_SHM_MIN_BYTES="0", SMDIST_CROSS_MEMORY_MIN_BYTES="0", SMDIST_SHARED_OUTPUT_BYTES="0")
         try:
             with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
                 mode = re.search(r"\[(\w+)\]", f.read()).group(1)
@@ -492,6 +495,124 @@ class CrossMemoryPathTest(tf.test.TestCase):
             self.assertIn("hg", mapping.get("VmFlags", []), what)  # MADV_HUGEPAGE
             if tuple(int(v) for v in re.findall(r"\d+", os.uname().release)[:2]) >= (6, 1):
                 self.assertGreaterEqual(mapping.get("AnonHugePages", 0), 2048, what)  # MADV_COLLAPSE
+
+
+def _arena_in_use() -> int:
+    from smdist_tf import _native
+
+    return _native.load()[0]._shared_output_bytes_in_use()
+
+
+class SharedOutputArenaTest(tf.test.TestCase):
+    """Allreduce outputs in memory every local rank maps: peers store reduced shards into them."""
+
+    PAGE = 4096
+
+    def setUp(self):
+        super().setUp()
+        restart_engine(SMDIST_SHM_MIN_BYTES="0", SMDIST_CROSS_MEMORY_MIN_BYTES="0")
+        skip_without_cross_memory_attach(self)
+
+    def tearDown(self):
+        restart_engine(SMDIST_SHM_MIN_BYTES="", SMDIST_CROSS_MEMORY_MIN_BYTES="", SMDIST_SHARED_OUTPUT_BYTES="")
+        super().tearDown()
+
+    def _reduce(self, count: int, name: str, seed: int = 0) -> tf.Tensor:
+        values = all_rank_values((count,), tf.float32, sd.Sum, seed=seed)
+        out = sd.allreduce(tf.constant(values[RANK]), op=sd.Sum, name=name)
+        self.assertAllClose(out, expected_reduction(values, sd.Sum, tf.float32), rtol=1e-5, atol=1e-5)
+        return out
+
+    def test_outputs_live_in_the_arena_until_freed(self):
+        self.assertEqual(sd.engine_config()["shared_output_bytes"], 128 << 20)
+        before = _arena_in_use()
+        big = self._reduce(300001, "arena.big")
+        self.assertIn("smdist-output-arena", _mapping_of(_buffer_address(big)).get("path", ""))
+        self.assertEqual(_arena_in_use() - before, -(-300001 * 4 // self.PAGE) * self.PAGE)
+        small = self._reduce(1000, "arena.small")  # below 64 KiB: TensorFlow's memory
+        self.assertNotIn("smdist-output-arena", _mapping_of(_buffer_address(small)).get("path", ""))
+        del big
+        self.assertEqual(_arena_in_use(), before)
+
+    def test_held_outputs_survive_later_collectives(self):
+        values = all_rank_values((200003,), tf.float32, sd.Sum, seed=5)
+        held = sd.allreduce(tf.constant(values[RANK]), op=sd.Sum, name="arena.held")
+        expected = expected_reduction(values, sd.Sum, tf.float32)
+        for i in range(5):
+            self._reduce(200003 + i, f"arena.later.{i}", seed=i)
+        self.assertAllClose(held, expected, rtol=1e-5, atol=1e-5)
+
+    def test_outputs_feed_later_allreduces(self):
+        # An input in a peer's arena is read straight from it, in place inside tf.function.
+        values = all_rank_values((150001,), tf.float32, sd.Sum, seed=9)
+        expected = expected_reduction(values, sd.Sum, tf.float32)
+        once = sd.allreduce(tf.constant(values[RANK]), op=sd.Sum, name="arena.chain.0")
+        self.assertIn("smdist-output-arena", _mapping_of(_buffer_address(once)).get("path", ""))
+        twice = sd.allreduce(once, op=sd.Average, name="arena.chain.1")
+        self.assertAllClose(twice, expected, rtol=1e-5, atol=1e-5)
+
+        @tf.function(autograph=False)
+        def chain(x):
+            for i in range(4):
+                x = sd.allreduce(x, op=sd.Average, name=f"arena.graph.{i}")
+            return x
+
+        self.assertAllClose(chain(once), expected, rtol=1e-5, atol=1e-5)
+        mixed = sd.grouped_allreduce([once, tf.constant(values[RANK])], op=sd.Sum, name="arena.chain.mixed")
+        self.assertAllClose(mixed[0], expected * SIZE, rtol=1e-5, atol=1e-5)
+        self.assertAllClose(mixed[1], expected, rtol=1e-5, atol=1e-5)
+
+    def test_a_full_arena_falls_back_and_freed_ranges_merge(self):
+        # 1 MiB: four outputs of 256 KiB fill it; a fifth goes to TensorFlow's allocator.
+        restart_engine(SMDIST_SHARED_OUTPUT_BYTES=str(1 << 20))
+        self.assertEqual(sd.engine_config()["shared_output_bytes"], 1 << 20)
+        outs = [self._reduce(65536, f"arena.fill.{i}", seed=i) for i in range(5)]
+        self.assertEqual(_arena_in_use(), 1 << 20)
+        in_arena = ["smdist-output-arena" in _mapping_of(_buffer_address(t)).get("path", "") for t in outs]
+        self.assertEqual(in_arena, [True] * 4 + [False])
+        # Freeing the two middle blocks leaves one 512 KiB range, which a 512 KiB output takes.
+        del outs[1:3]
+        merged = self._reduce(131072, "arena.merged")
+        self.assertIn("smdist-output-arena", _mapping_of(_buffer_address(merged)).get("path", ""))
+        self.assertEqual(_arena_in_use(), 1 << 20)
+        del outs, merged, in_arena
+        whole = self._reduce(262144, "arena.whole")  # everything merged back into one range
+        self.assertEqual(_arena_in_use(), 1 << 20)
+        del whole
+        self.assertEqual(_arena_in_use(), 0)
+
+    def test_outputs_in_and_out_of_the_arena_mix_across_ranks(self):
+        # Rank 0's arena holds one output, the others' every one: each peer is written
+        # through its own path in the same collective.
+        restart_engine(SMDIST_SHARED_OUTPUT_BYTES=str(1 << 20) if RANK == 0 else "")
+        values = [all_rank_values((150001,), tf.float32, sd.Sum, seed=i) for i in range(3)]
+        outs = sd.grouped_allreduce([tf.constant(v[RANK]) for v in values], op=sd.Sum, name="arena.mixed")
+        for out, v in zip(outs, values):
+            self.assertAllClose(out, expected_reduction(v, sd.Sum, tf.float32), rtol=1e-5, atol=1e-5)
+
+    def test_outputs_outlive_shutdown(self):
+        held = self._reduce(100003, "arena.shutdown")
+        expected = held.numpy()
+        sd.shutdown()
+        try:
+            self.assertAllEqual(held, expected)
+            del held  # frees its block after the engine let go of the arena
+        finally:
+            sd.init()
+
+    def test_off_when_any_rank_cannot_map_one(self):
+        # 1 PB: rank 0 cannot map it, so no rank uses an arena; results stay right.
+        restart_engine(SMDIST_SHARED_OUTPUT_BYTES=str(10**15) if RANK == 0 else "")
+        self.assertEqual(sd.engine_config()["shared_output_bytes"], 0)
+        self.assertEqual(sd.engine_config()["intra_host_allreduce"], "cross_memory_attach")
+        out = self._reduce(300001, "arena.off")
+        self.assertNotIn("smdist-output-arena", _mapping_of(_buffer_address(out)).get("path", ""))
+        self.assertEqual(_arena_in_use(), 0)
+
+    def test_zero_turns_it_off(self):
+        restart_engine(SMDIST_SHARED_OUTPUT_BYTES="0")
+        self.assertEqual(sd.engine_config()["shared_output_bytes"], 0)
+        self._reduce(300001, "arena.zero")
 
 
 class CrossMemoryThresholdTest(tf.test.TestCase):
