@@ -601,8 +601,8 @@ class SharedOutputArenaTest(tf.test.TestCase):
             sd.init()
 
     def test_off_when_any_rank_cannot_map_one(self):
-        # 1 PB: rank 0 cannot map it, so no rank uses an arena; results stay right.
-        restart_engine(SMDIST_SHARED_OUTPUT_BYTES=str(10**15) if RANK == 0 else "")
+        # 1 EiB, beyond any address space: rank 0 cannot map it, so no rank uses an arena.
+        restart_engine(SMDIST_SHARED_OUTPUT_BYTES=str(2**60) if RANK == 0 else "")
         self.assertEqual(sd.engine_config()["shared_output_bytes"], 0)
         self.assertEqual(sd.engine_config()["intra_host_allreduce"], "cross_memory_attach")
         out = self._reduce(300001, "arena.off")
