@@ -29,9 +29,10 @@ struct EngineConfig {
   // with cross_memory_min_measured saying which it was.
   int64_t cross_memory_min_bytes = -1;
   bool cross_memory_min_measured = false;
-  // Per-rank memory every local rank maps, for the outputs of single-host
-  // allreduces that take cross-memory attach; 0 disables. Set to 0 at init
-  // when no arena could be shared.
+  // Per-rank memory every local rank maps, for single-host allreduce outputs
+  // that cannot reuse their input's buffer (eager mode), so peers store into
+  // them without a system call; 0 disables. Set to 0 at init when no arena
+  // could be shared.
   int64_t shared_output_bytes = 128 * 1024 * 1024;
   // Collectives remembered for bit-vector negotiation; 0 disables the cache.
   int64_t cache_capacity = 1024;
