@@ -395,13 +395,16 @@ bool Engine::Execute(CycleState* state, const Response& response, bool remember)
       state->cache.capacity() > 0) {
     // Every rank executes the same responses in the same order, so every
     // cache assigns the same bits.
+    // Copied once without its names: copying a fused response per member made
+    // remembering a group of n tensors cost n^2 name copies.
+    Response single = response;
+    single.names.clear();
     for (const Request& request : requests) {
       // Numbered unnamed eager collectives ("allreduce.noname.7") never recur:
       // caching them would only crowd out the ones that do. A rule on the name
       // alone, which every rank shares, keeps the caches' bits in step.
       if (IsNumberedCallName(request.name)) continue;
-      Response single = response;
-      single.names = {request.name};
+      single.names.assign(1, request.name);
       state->cache.Put(request, single);
     }
   }

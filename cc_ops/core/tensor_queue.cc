@@ -1,15 +1,19 @@
 #include "tensor_queue.h"
 
 #include <chrono>
+#include <string_view>
+#include <unordered_set>
 
 namespace smdist {
 
 Status TensorQueue::Add(std::vector<TensorEntry> entries, int rank, bool wake) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // A set, not a pairwise scan: one op may submit thousands of tensors.
+    std::unordered_set<std::string_view> batch;
+    batch.reserve(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
-      bool dup = table_.count(entries[i].name) > 0;
-      for (size_t j = 0; j < i && !dup; ++j) dup = entries[j].name == entries[i].name;
+      const bool dup = table_.count(entries[i].name) > 0 || !batch.insert(entries[i].name).second;
       if (dup) {
         return Status::InvalidArgument("a collective named '" + entries[i].name +
                                        "' is already in flight on rank " + std::to_string(rank) +

@@ -114,6 +114,18 @@ class AllreduceTest(tf.test.TestCase):
         for out, v in zip(outs, values):
             self.assertAllClose(out, expected_reduction(v, sd.Sum, tf.float32), rtol=1e-5, atol=1e-5)
 
+    def test_group_larger_than_the_response_cache(self):
+        # More tensors than the response cache holds (1024 by default): repeats are agreed on partly
+        # through the cache and partly in full, in one cycle, and every result must still be right.
+        n = 1500
+        values = [all_rank_values((i % 7 + 1,), tf.float32, seed=i) for i in range(n)]
+        inputs = [tf.constant(v[RANK]) for v in values]
+        expected = np.concatenate([expected_reduction(v, sd.Sum, tf.float32) for v in values])
+        for _ in range(3):
+            outs = sd.grouped_allreduce(inputs, op=sd.Sum, name="big.group")
+            self.assertEqual(len(outs), n)
+            self.assertAllClose(np.concatenate([o.numpy() for o in outs]), expected, rtol=1e-5, atol=1e-5)
+
     def test_indexed_slices_are_gathered(self):
         slices = tf.IndexedSlices(tf.fill([2, 3], float(RANK + 1)), tf.constant([RANK, RANK + 1]), tf.constant([SIZE + 1, 3]))
         out = sd.allreduce(slices, op=sd.Sum)
