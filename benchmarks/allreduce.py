@@ -41,6 +41,10 @@ DTYPES = ["float32", "float16", "bfloat16"]
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 ALL_SYSTEMS = ["smdist_tf", "mpi", "mwms", "memcpy"]
 MIB = 1 << 20
+# ResNet-50 tensors below this (BN gamma/beta, the dense bias: 109 of 161) make the latency-bound list.
+SMALL_TENSOR_BYTES = 64 << 10
+# A step of many tiny tensors, more than the response cache holds (1024): per-tensor cost only.
+MANY_SMALL_COUNT, MANY_SMALL_BYTES = 2048, 1 << 10
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -246,13 +250,27 @@ def run_mpi_resnet(comm: Any, timer: Timer) -> None:
         for b in bufs:
             comm.Allreduce(MPI.IN_PLACE, [b, MPI.FLOAT], op=MPI.SUM)
 
+    small = [b for b in bufs if b.nbytes < SMALL_TENSOR_BYTES]
+
+    def small_loop() -> None:
+        for b in small:
+            comm.Allreduce(MPI.IN_PLACE, [b, MPI.FLOAT], op=MPI.SUM)
+
+    many = [_mpi_buffer(MANY_SMALL_BYTES // 4, np.float32) for _ in range(MANY_SMALL_COUNT)]
+
+    def many_loop() -> None:
+        for b in many:
+            comm.Allreduce(MPI.IN_PLACE, [b, MPI.FLOAT], op=MPI.SUM)
+
     flat = _mpi_buffer(total // 4, np.float32)
-    for case, fn in [("resnet50_grads_loop", loop),
-                     ("resnet50_grads_flat", lambda: comm.Allreduce(MPI.IN_PLACE, [flat, MPI.FLOAT], op=MPI.SUM))]:
+    for case, fn, size, tensors in [
+            ("resnet50_grads_loop", loop, total, len(bufs)),
+            ("resnet50_grads_flat", lambda: comm.Allreduce(MPI.IN_PLACE, [flat, MPI.FLOAT], op=MPI.SUM), total, 1),
+            ("resnet50_small_grads_loop", small_loop, sum(b.nbytes for b in small), len(small)),
+            ("many_small_loop", many_loop, MANY_SMALL_COUNT * MANY_SMALL_BYTES, MANY_SMALL_COUNT)]:
         secs, iters = timer(fn)
         if rank == 0:
-            emit(record("mpi", case, total, "float32", n, secs, iters,
-                        tensors=len(bufs) if case.endswith("loop") else 1, **timer.last))
+            emit(record("mpi", case, size, "float32", n, secs, iters, tensors=tensors, **timer.last))
 
 
 # ----------------------------------------------------------------------------- smdist_tf
@@ -357,16 +375,34 @@ def run_smdist_resnet(comm: Any, timer: Timer) -> None:
         # whatever is in flight together.
         return [sd.allreduce(g, op=sd.Average, name=f"rn.graph.{i}") for i, g in enumerate(grads)]
 
-    cases = [("resnet50_grads_fused", None, lambda: sd.grouped_allreduce(grads, op=sd.Average, name="rn.group")),
-             ("resnet50_grads_unfused", "0", lambda: sd.grouped_allreduce(grads, op=sd.Average, name="rn.group")),
-             ("resnet50_grads_eager_loop", None, eager_loop),
-             ("resnet50_grads_graph_per_tensor", None, graph_per_tensor)]
-    for case, threshold, fn in cases:
+    # The latency-bound part of the step: what fusion saves is per-tensor cost, not bytes.
+    small = [g for g in grads if int(g.shape.num_elements()) * 4 < SMALL_TENSOR_BYTES]
+    small_total = sum(int(g.shape.num_elements()) * 4 for g in small)
+
+    def small_group() -> Any:
+        return sd.grouped_allreduce(small, op=sd.Average, name="rn.small")
+
+    many = [tf.fill([MANY_SMALL_BYTES // 4], 0.5) for _ in range(MANY_SMALL_COUNT)]
+
+    def many_group() -> Any:
+        return sd.grouped_allreduce(many, op=sd.Sum, name="many")
+
+    cases = [("resnet50_grads_fused", None, lambda: sd.grouped_allreduce(grads, op=sd.Average, name="rn.group"), grads),
+             ("resnet50_grads_unfused", "0", lambda: sd.grouped_allreduce(grads, op=sd.Average, name="rn.group"), grads),
+             ("resnet50_grads_eager_loop", None, eager_loop, grads),
+             ("resnet50_grads_graph_per_tensor", None, graph_per_tensor, grads),
+             ("resnet50_small_grads_fused", None, small_group, small),
+             ("resnet50_small_grads_unfused", "0", small_group, small),
+             ("many_small_fused", None, many_group, many),
+             ("many_small_unfused", "0", many_group, many)]
+    sizes = {id(grads): total, id(small): small_total, id(many): MANY_SMALL_COUNT * MANY_SMALL_BYTES}
+    for case, threshold, fn, tensors in cases:
         _restart_engine(threshold)
         secs, iters = timer(fn)
         if rank == 0:
-            emit(record("smdist_tf", case, total, "float32", n, secs, iters, tensors=len(grads),
-                        fusion_threshold_bytes=sd.engine_config()["fusion_threshold_bytes"], **timer.last))
+            emit(record("smdist_tf", case, sizes[id(tensors)], "float32", n, secs, iters,
+                        tensors=len(tensors), fusion_threshold_bytes=sd.engine_config()["fusion_threshold_bytes"],
+                        **timer.last))
 
 
 def worker_core(args: argparse.Namespace) -> None:
@@ -597,6 +633,12 @@ def measure_ratios(records: list[dict], args: argparse.Namespace) -> dict:
     unfused = _find(records, "smdist_tf", "resnet50_grads_unfused")
     loop = _find(records, "smdist_tf", "resnet50_grads_eager_loop")
     per_tensor = _find(records, "smdist_tf", "resnet50_grads_graph_per_tensor")
+    small_fused = _find(records, "smdist_tf", "resnet50_small_grads_fused")
+    small_unfused = _find(records, "smdist_tf", "resnet50_small_grads_unfused")
+    small_mpi = _find(records, "mpi", "resnet50_small_grads_loop")
+    many_fused = _find(records, "smdist_tf", "many_small_fused")
+    many_unfused = _find(records, "smdist_tf", "many_small_unfused")
+    many_mpi = _find(records, "mpi", "many_small_loop")
     memcpy = _find(records, "memcpy", "local_copy")
     return {
         "busbw_ratio_smdist_vs_mpi_fp32": busbw_vs_mpi,
@@ -614,6 +656,18 @@ def measure_ratios(records: list[dict], args: argparse.Namespace) -> dict:
         "resnet50_graph_per_tensor_s": per_tensor and per_tensor["seconds"],
         "fused_speedup_vs_unfused": _ratio(unfused and unfused["seconds"], fused and fused["seconds"]),
         "fused_speedup_vs_eager_loop": _ratio(loop and loop["seconds"], fused and fused["seconds"]),
+        "resnet50_small_fused_s": small_fused and small_fused["seconds"],
+        "resnet50_small_unfused_s": small_unfused and small_unfused["seconds"],
+        "resnet50_small_mpi_loop_s": small_mpi and small_mpi["seconds"],
+        "fused_speedup_vs_unfused_small_tensors": _ratio(small_unfused and small_unfused["seconds"],
+                                                         small_fused and small_fused["seconds"]),
+        "many_small_fused_s": many_fused and many_fused["seconds"],
+        "many_small_unfused_s": many_unfused and many_unfused["seconds"],
+        "many_small_mpi_loop_s": many_mpi and many_mpi["seconds"],
+        "fused_speedup_vs_unfused_many_small": _ratio(many_unfused and many_unfused["seconds"],
+                                                      many_fused and many_fused["seconds"]),
+        "many_small_fused_speedup_vs_mpi_loop": _ratio(many_mpi and many_mpi["seconds"],
+                                                       many_fused and many_fused["seconds"]),
         "fp16_compression_time_ratio_vs_fp32": comp,
         "busbw_ratio_mwms_vs_mpi_fp32": mwms_vs_mpi,
         "memcpy_GBps": memcpy and memcpy["algbw_GBps"],

@@ -21,6 +21,8 @@ RESULT_KEYS = {"system", "case", "size_bytes", "dtype", "np", "seconds", "algbw"
 SUMMARY_KEYS = {
     "busbw_ratio_smdist_vs_mpi_fp32", "latency_4KiB_eager_us", "fused_speedup_vs_unfused",
     "fp16_compression_time_ratio_vs_fp32", "memcpy_GBps", "load_average", "systems_present", "errors",
+    "fused_speedup_vs_unfused_small_tensors", "fused_speedup_vs_unfused_many_small",
+    "many_small_fused_speedup_vs_mpi_loop",
 }
 
 
@@ -61,13 +63,17 @@ def test_quick_run_emits_json_for_all_systems() -> None:
     assert {"smdist_tf", "smdist_tf_graph", "mpi", "mwms", "memcpy"} <= systems, systems
     cases = {(r["system"], r["case"]) for r in results}
     for needed in [("smdist_tf", "single"), ("smdist_tf", "fp16_compression"), ("smdist_tf", "resnet50_grads_fused"),
-                   ("smdist_tf", "resnet50_grads_unfused"), ("mpi", "single"), ("mwms", "single")]:
+                   ("smdist_tf", "resnet50_grads_unfused"), ("smdist_tf", "resnet50_small_grads_fused"),
+                   ("smdist_tf", "many_small_fused"), ("smdist_tf", "many_small_unfused"), ("mpi", "many_small_loop"),
+                   ("mpi", "single"), ("mwms", "single")]:
         assert needed in cases, needed
     dtypes = {r["dtype"] for r in results if r["system"] == "smdist_tf" and r["case"] == "single"}
     assert dtypes == {"float32", "float16", "bfloat16"}
     # The quick sizes include 4 KiB and 1 MiB, so the summary's ratios are all computed.
     assert summary["latency_4KiB_eager_us"] is not None
     assert summary["fused_speedup_vs_unfused"] is not None
+    assert summary["fused_speedup_vs_unfused_many_small"] is not None
+    assert summary["many_small_fused_speedup_vs_mpi_loop"] is not None
     assert summary["busbw_ratio_smdist_vs_mpi_fp32"].get(str(1 << 20)) is not None
 
 
