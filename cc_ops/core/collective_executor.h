@@ -52,8 +52,9 @@ class CollectiveExecutor {
   void FinishReduction(DataType dtype, ReduceOp op, double postscale, void* data,
                        int64_t count) const;
 
-  // Records `phase` for the entries being executed, from `begin` to now.
-  void Trace(const char* phase, Timeline::Clock::time_point begin);
+  // Records `phase` for the entries being executed, from `begin` to now;
+  // `extra_args`: more JSON members of the event's args (Timeline::Record).
+  void Trace(const char* phase, Timeline::Clock::time_point begin, const char* extra_args = nullptr);
 
   Transport* transport_;
   Timeline* timeline_;

@@ -282,7 +282,8 @@ Status MpiTransport::Allreduce(const void* input, void* output, int64_t count, D
 
 bool MpiTransport::CanAllreduceSpans(int64_t total_bytes, size_t num_spans) const {
   return cma_ != nullptr && total_bytes >= cma_min_bytes_ && total_bytes > 0 &&
-         static_cast<int64_t>(num_spans) <= CrossMemoryAllreduce::kMaxSpans;
+         static_cast<int64_t>(num_spans) <= CrossMemoryAllreduce::kMaxSpans &&
+         total_bytes >= static_cast<int64_t>(num_spans) * CrossMemoryAllreduce::kMinMeanSpanBytes;
 }
 
 Status MpiTransport::AllreduceSpans(const std::vector<TensorSpan>& spans, DataType dtype,

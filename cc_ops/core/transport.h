@@ -57,7 +57,8 @@ class Transport {
                            ReduceOp op) = 0;
   // Fused allreduce without a fusion buffer, for transports that can read the
   // tensors in place. Result multiplied by `postscale`. Only called when
-  // CanAllreduceSpans() said yes for this size and number of tensors.
+  // CanAllreduceSpans() said yes for this size and number of tensors (many
+  // small tensors may be cheaper to stage than to read in place).
   virtual bool CanAllreduceSpans(int64_t total_bytes, size_t num_spans) const { return false; }
   virtual Status AllreduceSpans(const std::vector<TensorSpan>& spans, DataType dtype, ReduceOp op,
                                 double postscale) {

@@ -474,6 +474,29 @@ class CrossMemoryPathTest(tf.test.TestCase):
     def test_nan_and_inf_propagate(self):
         SharedMemoryPathTest._check_nan_and_inf_propagate(self, "cma.nan")
 
+    def test_many_small_tensors_are_staged_and_large_ones_read_in_place(self):
+        # Below a mean of 8 KiB per tensor a group goes through the shared segments: per-tensor
+        # page walks would cost more than the copy. The timeline names the path each group took.
+        import json
+
+        path = os.path.join(tempfile.mkdtemp(), f"timeline.{RANK}.json")
+        groups = {"spans.small": [(256,)] * 64, "spans.large": [(16384,)] * 4, "spans.mixed": [(300000,)] + [(8,)] * 40}
+        sd.start_timeline(path)
+        for name, shapes in groups.items():
+            values = [all_rank_values(shape, tf.float32, sd.Sum, seed=i) for i, shape in enumerate(shapes)]
+            outs = sd.grouped_allreduce([tf.constant(v[RANK]) for v in values], op=sd.Sum, name=name)
+            for out, v in zip(outs, values):
+                self.assertAllClose(out, expected_reduction(v, sd.Sum, tf.float32), rtol=1e-5, atol=1e-5)
+        sd.stop_timeline()
+        with open(path) as f:
+            events = json.load(f)
+        rows = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+        taken = {rows[e["tid"]]: e.get("args", {}).get("path") for e in events if e["ph"] == "X" and e["name"] == "ALLREDUCE"}
+        self.assertEqual(taken["spans.small.0"], "shared_memory")
+        self.assertEqual(taken["spans.small.63"], "shared_memory")
+        self.assertEqual(taken["spans.large.0"], "cross_memory")
+        self.assertEqual(taken["spans.mixed.40"], "cross_memory")  # 1.2 MB over 41 tensors
+
     def test_large_tensors_are_moved_to_huge_pages(self):
         # TensorFlow never asks for huge pages; the engine does for tensors of 4 MiB and
         # more, since peers pin them page by page. Only "madvise" mode can tell: "always"
