@@ -31,8 +31,9 @@ class CrossMemoryAllreduce {
   static constexpr int64_t kMaxSpans = 4096;
   // Smallest mean tensor size worth reading in place. Each span costs the
   // kernel a page walk per peer per direction; below this mean the copy path's
-  // plain memcpy into the shared segment is cheaper (Intel VM, np=2: 10-25 %
-  // faster at 1-4 KiB spans, even at 16 KiB, 20-35 % slower from 32 KiB).
+  // plain memcpy into the shared segment is cheaper (Intel VM, np=2: the copy
+  // path 10-25 % faster at 1-4 KiB per tensor, even at 16 KiB, 5-50 % slower
+  // from 32 KiB).
   static constexpr int64_t kMinMeanSpanBytes = 8 << 10;
 
   // Collective over `local`. Leaves `*out` empty (and returns OK) when some
