@@ -89,23 +89,28 @@ def _allreduce_dense(tensors: list, op: int, prescale: float, postscale: float, 
     """
     require_initialized()
     tensors = [_as_tensor(t) for t in tensors]
-    for t in tensors:
-        _check_dtype(t, _REDUCIBLE, "allreduce")
     if not tensors:
         return []
     eager = tf.executing_eagerly()
-    reduced = _ops.smdist_allreduce(
-        tensors=tensors,
-        reduce_op=op,
-        prescale_factor=prescale,
-        postscale_factor=postscale,
-        tensor_name=_collective_name("allreduce", name, eager),
-        # The calling thread runs the engine cycle itself when none is running, instead of
-        # handing off to the engine thread: eager callers wait for the result anyway, and in a
-        # tf.function this cuts a dependent collective's latency about 4x (docs/architecture.md).
-        run_inline=True,
-        compression=compression,
-    )
+    try:
+        reduced = _ops.smdist_allreduce(
+            tensors=tensors,
+            reduce_op=op,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+            tensor_name=_collective_name("allreduce", name, eager),
+            # The calling thread runs the engine cycle itself when none is running, instead of
+            # handing off to the engine thread: eager callers wait for the result anyway, and in a
+            # tf.function this cuts a dependent collective's latency about 4x (docs/architecture.md).
+            run_inline=True,
+            compression=compression,
+        )
+    except (TypeError, tf.errors.InvalidArgumentError):
+        # TensorFlow checks the dtypes against the op's list before anything is submitted, so
+        # they are only checked here, where the error is reworded, not per tensor on every call.
+        for t in tensors:
+            _check_dtype(t, _REDUCIBLE, "allreduce")
+        raise
     return list(reduced if eager else _unordered(reduced))
 
 
@@ -186,8 +191,11 @@ def grouped_allreduce(
     _check_process_set(process_set)
     op = _resolve_op(average, op)
     tensors = list(tensors)
-    results: list = [None] * len(tensors)
     engine_compression = _ENGINE_COMPRESSION.get(compression)
+    if engine_compression is not None and all(isinstance(t, tf.Tensor) for t in tensors):
+        # The common case (dense gradients, built-in compression): no per-tensor bookkeeping.
+        return _allreduce_dense(tensors, op, prescale_factor, postscale_factor, name, engine_compression)
+    results: list = [None] * len(tensors)
     dense_positions, wires, contexts = [], [], []
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):

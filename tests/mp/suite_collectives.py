@@ -149,6 +149,15 @@ class AllreduceTest(tf.test.TestCase):
             sd.allreduce(tf.constant([True]))
         with self.assertRaisesRegex(TypeError, "does not support dtype string"):
             sd.broadcast(tf.constant(["a"]), 0)
+        # TensorFlow rejects the dtype before anything is submitted; the message is ours, eager and traced.
+        with self.assertRaisesRegex(TypeError, "allreduce does not support dtype bool"):
+            sd.grouped_allreduce([tf.ones([2]), tf.constant([True])], name="bad.dtype")
+        with self.assertRaisesRegex(TypeError, "allreduce does not support dtype complex64"):
+            tf.function(lambda x: sd.grouped_allreduce([x], name="bad.traced"))(tf.constant([1j], tf.complex64))
+        # Nothing of the refused call is left in flight: the same names go through afterwards.
+        outs = sd.grouped_allreduce([tf.ones([2]), tf.ones([1])], op=sd.Sum, name="bad.dtype")
+        self.assertAllClose(outs[0], [SIZE] * 2)
+        self.assertAllClose(outs[1], [SIZE])
 
 
 class AllgatherTest(tf.test.TestCase):
