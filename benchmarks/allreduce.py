@@ -387,22 +387,24 @@ def run_smdist_resnet(comm: Any, timer: Timer) -> None:
     def many_group() -> Any:
         return sd.grouped_allreduce(many, op=sd.Sum, name="many")
 
-    cases = [("resnet50_grads_fused", None, lambda: sd.grouped_allreduce(grads, op=sd.Average, name="rn.group"), grads),
-             ("resnet50_grads_unfused", "0", lambda: sd.grouped_allreduce(grads, op=sd.Average, name="rn.group"), grads),
-             ("resnet50_grads_eager_loop", None, eager_loop, grads),
-             ("resnet50_grads_graph_per_tensor", None, graph_per_tensor, grads),
-             ("resnet50_small_grads_fused", None, small_group, small),
-             ("resnet50_small_grads_unfused", "0", small_group, small),
-             ("many_small_fused", None, many_group, many),
-             ("many_small_unfused", "0", many_group, many)]
-    sizes = {id(grads): total, id(small): small_total, id(many): MANY_SMALL_COUNT * MANY_SMALL_BYTES}
-    for case, threshold, fn, tensors in cases:
+    def group() -> Any:
+        return sd.grouped_allreduce(grads, op=sd.Average, name="rn.group")
+
+    many_total = MANY_SMALL_COUNT * MANY_SMALL_BYTES
+    cases = [("resnet50_grads_fused", None, group, grads, total),
+             ("resnet50_grads_unfused", "0", group, grads, total),
+             ("resnet50_grads_eager_loop", None, eager_loop, grads, total),
+             ("resnet50_grads_graph_per_tensor", None, graph_per_tensor, grads, total),
+             ("resnet50_small_grads_fused", None, small_group, small, small_total),
+             ("resnet50_small_grads_unfused", "0", small_group, small, small_total),
+             ("many_small_fused", None, many_group, many, many_total),
+             ("many_small_unfused", "0", many_group, many, many_total)]
+    for case, threshold, fn, tensors, size in cases:
         _restart_engine(threshold)
         secs, iters = timer(fn)
         if rank == 0:
-            emit(record("smdist_tf", case, sizes[id(tensors)], "float32", n, secs, iters,
-                        tensors=len(tensors), fusion_threshold_bytes=sd.engine_config()["fusion_threshold_bytes"],
-                        **timer.last))
+            emit(record("smdist_tf", case, size, "float32", n, secs, iters, tensors=len(tensors),
+                        fusion_threshold_bytes=sd.engine_config()["fusion_threshold_bytes"], **timer.last))
 
 
 def worker_core(args: argparse.Namespace) -> None:
