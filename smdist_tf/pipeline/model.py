@@ -28,6 +28,16 @@ _REDUCTIONS = ("sum_over_batch_size", "mean", "sum", "mean_with_sample_weight")
 ModelOrBuilder = Union[keras.Model, Callable[[], keras.Model]]
 
 
+def even_split(total: int, parts: int) -> list[int]:
+    """Sizes of ``parts`` consecutive pieces of ``total`` items, differing by at most one, the larger first.
+
+    With ``total < parts`` the last pieces are empty. Sizes depend on ``total`` and
+    ``parts`` alone, so every rank derives the same split from the batch size.
+    """
+    base, extra = divmod(total, parts)
+    return [base + 1] * extra + [base] * (parts - extra)
+
+
 def _as_list(x: Any) -> list:
     if isinstance(x, dict):
         raise ValueError("PipelineModel takes model inputs as a tensor or a list, not a dict")
@@ -64,8 +74,9 @@ class PipelineModel(keras.Model):
             layer called in several stages (tied weights) is held by each of them, its
             gradients summed over them.
         num_stages: pipeline stages; the world size must be a multiple of it.
-        num_microbatches: microbatches per replica batch; the global batch must divide
-            by ``num_microbatches × dp_size``.
+        num_microbatches: microbatches per replica batch. A batch that does not divide
+            is split into nearly equal parts (sizes differ by at most one); a replica
+            with fewer samples than ``num_microbatches`` runs one microbatch per sample.
         schedule: ``'1f1b'`` (at most ``num_stages − stage`` microbatches of activations held)
             or ``'gpipe'`` (all forwards, then all backwards).
         partition: ``'auto'`` (balance trainable parameters), ``'uniform'`` (balance the
@@ -342,10 +353,6 @@ class PipelineModel(keras.Model):
 
     def _check_batch(self, x: list, y: Any, sample_weight: Any, batch: int) -> None:
         """Every rank must hold the same global batch: data goes to the first stage, labels to the last."""
-        divisor = self.num_microbatches * self.topology.dp_size
-        if batch % divisor != 0:
-            raise ValueError(f"batch size {batch} does not divide by num_microbatches ({self.num_microbatches}) x "
-                             f"data-parallel replicas ({self.topology.dp_size}) = {divisor}")
         if not self._verify_batch:
             return
         self._verify_batch = False
@@ -357,27 +364,52 @@ class PipelineModel(keras.Model):
             raise ValueError("ranks were given different batches: every rank must feed PipelineModel the same "
                              "data in the same order (same dataset, same shuffle seed)")
 
-    def _loss_factors(self, sample_weight: Optional[tf.Tensor], start: int, micro: int) -> list[float]:
+    def _microbatches(self, batch: int) -> list[tuple[int, int]]:
+        """``(begin, end)`` in the global batch of each of this replica's microbatches.
+
+        The batch is split over the replicas, and each replica's shard into at most
+        ``num_microbatches`` microbatches, sizes differing by at most one at both levels
+        (:func:`even_split`): every stage waits for the largest microbatch, and no
+        microbatch is empty, so a shard smaller than ``num_microbatches`` runs one
+        microbatch per sample (a replica without samples runs none). The stages of a
+        pipeline see the same batch size, so they agree on every microbatch's shape.
+        """
+        shards = even_split(batch, self.topology.dp_size)
+        begin = sum(shards[:self.topology.dp_rank])
+        bounds = []
+        for size in even_split(shards[self.topology.dp_rank], self.num_microbatches):
+            if size:
+                bounds.append((begin, begin + size))
+                begin += size
+        return bounds
+
+    def _loss_factors(self, sample_weight: Optional[tf.Tensor], batch: int,
+                      microbatches: list[tuple[int, int]]) -> list[float]:
         """Weight of each microbatch's loss in this replica's objective.
 
         The replica objectives are averaged over the ``d`` replicas (as the gradients
         are), so microbatch ``k``'s loss ``L_k`` gets the weight that makes
-        ``(1/d) Σ_replicas Σ_k w_k L_k`` the loss of the whole global batch:
-        ``1/m`` for a mean over the batch (every microbatch has the same size), ``d`` for
-        a sum, and ``d · W_k / W`` for ``mean_with_sample_weight`` (``W_k``: the sample
-        weights of microbatch ``k``, ``W``: of the global batch).
+        ``(1/d) Σ_replicas Σ_k w_k L_k`` the loss of the whole global batch of ``B``
+        samples: ``d · b_k / B`` for a mean over the batch (``b_k``: the microbatch's
+        samples; ``1/m`` when the batch divides), ``d`` for a sum, and ``d · W_k / W``
+        for ``mean_with_sample_weight`` (``W_k``: the sample weights of microbatch ``k``,
+        ``W``: of the global batch).
         """
-        m, d = self.num_microbatches, self.topology.dp_size
-        loss_fn = self._runner.loss_fn
-        reduction = getattr(loss_fn, "reduction", "sum_over_batch_size")
+        d = self.topology.dp_size
+        reduction = getattr(self._runner.loss_fn, "reduction", "sum_over_batch_size")
         if reduction == "sum":
-            return [float(d)] * m
+            return [float(d)] * len(microbatches)
         if reduction == "mean_with_sample_weight" and sample_weight is not None:
             w = tf.cast(sample_weight, tf.float64)
             total = float(tf.reduce_sum(w))
-            parts = [float(tf.reduce_sum(w[start + i * micro:start + (i + 1) * micro])) for i in range(m)]
+            parts = [float(tf.reduce_sum(w[begin:end])) for begin, end in microbatches]
             return [d * p / total if total else 0.0 for p in parts]
-        return [1.0 / m] * m
+        return self._sample_shares(batch, microbatches)
+
+    def _sample_shares(self, batch: int, microbatches: list[tuple[int, int]]) -> list[float]:
+        """``d · b_k / B``: the weight that turns microbatch means into the global batch's mean."""
+        d = self.topology.dp_size
+        return [d * (end - begin) / batch for begin, end in microbatches]
 
     def _step(self, x, y, sample_weight, training: bool, loss_scale: Optional[tf.Tensor] = None):
         x = [tf.convert_to_tensor(t) for t in _as_list(x)]
@@ -387,18 +419,17 @@ class PipelineModel(keras.Model):
             sample_weight = tf.convert_to_tensor(sample_weight)
         batch = int(tf.shape(x[0])[0])
         self._check_batch(x, y, sample_weight, batch)
-        runner, m, topo = self._runner, self.num_microbatches, self.topology
+        runner = self._runner
         if runner.is_last and y is not None and runner.loss_fn is None:
             raise ValueError("compile the PipelineModel with a loss before fit/evaluate")
         scale = tf.constant(1.0, tf.float32) if loss_scale is None else loss_scale
-        shard = batch // topo.dp_size
-        start = topo.dp_rank * shard
-        micro = shard // m
+        microbatches = self._microbatches(batch)
+        m = len(microbatches)
 
         def split(t):
-            return [t[start + i * micro:start + (i + 1) * micro] for i in range(m)]
+            return [t[begin:end] for begin, end in microbatches]
 
-        x_mbs = [[t[start + i * micro:start + (i + 1) * micro] for t in x] for i in range(m)]
+        x_mbs = [[t[begin:end] for t in x] for begin, end in microbatches]
         y_mbs, w_mbs = [None] * m, [None] * m
         if y is not None:
             ys = [split(tf.convert_to_tensor(t)) for t in _as_list(y)]
@@ -406,8 +437,10 @@ class PipelineModel(keras.Model):
             y_mbs = [v[0] if not isinstance(y, (list, tuple)) else v for v in y_mbs]
             if sample_weight is not None:
                 w_mbs = split(sample_weight)
-        factors = self._loss_factors(sample_weight, start, micro)
-        runner.begin_step(m)
+        loss_factors = self._loss_factors(sample_weight, batch, microbatches)
+        # Losses the layers add (activity regularizers) are means over their microbatch.
+        added_loss_factors = self._sample_shares(batch, microbatches)
+        runner.begin_step()
         if training:
             actions = schedule_lib.build(self.schedule, runner.stage, self.num_stages, m)
         else:
@@ -417,7 +450,7 @@ class PipelineModel(keras.Model):
             i = action.microbatch
             if action.kind == "F":
                 runner.forward(i, x_mbs[i] if runner.is_first else None, y_mbs[i] if runner.is_last else None,
-                               w_mbs[i] if runner.is_last else None, factors[i], training)
+                               w_mbs[i] if runner.is_last else None, loss_factors[i], added_loss_factors[i], training)
             else:
                 runner.backward(i, scale)
         runner.stats.seconds = float(tf.timestamp() - began)
@@ -428,15 +461,16 @@ class PipelineModel(keras.Model):
             if reg_grads:
                 grads = [g + r for g, r in zip(grads, reg_grads)]
             grads = self._sync(grads)
-        local_loss = tf.add_n([runner.objectives[i] for i in range(m)]) + regularization
-        loss, y_pred = self._share_outputs(batch, start, shard, local_loss)
+        local_loss = tf.add_n([runner.objectives[i] for i in range(m)] + [regularization])
+        loss, y_pred = self._share_outputs(batch, microbatches, local_loss)
         return loss, y_pred, grads
 
-    def _share_outputs(self, batch: int, start: int, shard: int, local_loss: tf.Tensor):
+    def _share_outputs(self, batch: int, microbatches: list[tuple[int, int]], local_loss: tf.Tensor):
         """Global loss and the whole batch's predictions on every rank (one fused world allreduce).
 
         Every rank adds its share of the objective (the loss on the last stage, added and
-        regularization losses on any); replicas' shares are averaged.
+        regularization losses on any); replicas' shares are averaged. Each replica's last
+        stage fills its microbatches' rows of the predictions, every other rank zeros.
         """
         runner, d = self._runner, self.topology.dp_size
         tensors = []
@@ -446,10 +480,11 @@ class PipelineModel(keras.Model):
             if any(dim is None for dim in tail):
                 raise ValueError(f"model output {spec.name} needs a fully defined shape after the batch dimension")
             dtype = tf.as_dtype(spec.dtype)
-            if runner.is_last:
-                local = tf.concat([runner.outputs[i][k] for i in range(self.num_microbatches)], 0)
+            if runner.is_last and microbatches:
+                start, stop = microbatches[0][0], microbatches[-1][1]
+                local = tf.concat([runner.outputs[i][k] for i in range(len(microbatches))], 0)
                 full = tf.concat([tf.zeros([start] + tail, dtype), tf.cast(local, dtype),
-                                  tf.zeros([batch - start - shard] + tail, dtype)], 0)
+                                  tf.zeros([batch - stop] + tail, dtype)], 0)
             else:
                 full = tf.zeros([batch] + tail, dtype)
             tensors.append(tf.cast(full, tf.float32) if dtype not in _REDUCIBLE else full)

@@ -77,7 +77,7 @@ class StageRunner:
         self._recompute_fn = tf.function(self._recompute_gradients, reduce_retracing=True)
         self._regularization_fn = tf.function(self._regularization, reduce_retracing=True)
         self.stats = ScheduleStats()
-        self.begin_step(0)
+        self.begin_step()
 
     # -- compiled pieces -------------------------------------------------------------------------
 
@@ -135,9 +135,8 @@ class StageRunner:
 
     # -- one step --------------------------------------------------------------------------------
 
-    def begin_step(self, num_microbatches: int) -> None:
+    def begin_step(self) -> None:
         """Forgets the previous step's results."""
-        self.num_microbatches = num_microbatches
         self.var_grads: Optional[list] = None
         self.outputs: dict[int, list] = {}
         self.objectives: dict[int, tf.Tensor] = {}
@@ -151,14 +150,15 @@ class StageRunner:
         return values
 
     def forward(self, microbatch: int, x: Optional[list], y: Any, sample_weight: Any, loss_factor: float,
-                training: bool) -> None:
+                added_loss_factor: float, training: bool) -> None:
         """Forward of one microbatch: receive (or take ``x``), compute, send on (or keep the outputs).
 
-        ``loss_factor`` weighs this microbatch's loss in the replica's objective (see
-        ``PipelineModel._loss_factors``); losses the layers add are averaged over microbatches.
+        ``loss_factor`` weighs this microbatch's loss in the replica's objective and
+        ``added_loss_factor`` the losses its layers add (see ``PipelineModel._loss_factors``
+        and ``PipelineModel._sample_shares``).
         """
         inputs = list(x) if self.is_first else self._recv(self.in_dtypes, self.prev_rank, TAG_ACTIVATIONS, self.in_shapes)
-        factors = (tf.constant(loss_factor, tf.float32), tf.constant(1.0 / self.num_microbatches, tf.float32))
+        factors = (tf.constant(loss_factor, tf.float32), tf.constant(added_loss_factor, tf.float32))
         if training and not self.recompute:
             tape = tf.GradientTape()
             with tape:

@@ -94,11 +94,11 @@ def held_elements(pm: PipelineModel) -> int:
     return elements(v for v in pm.unpartitioned.variables if v._value is not None)
 
 
-def assert_gradients_match(test, pm, loss, pairs, want_loss, want_grads, where=""):
+def assert_gradients_match(test, pm, loss, pairs, want_loss, want_grads, where="", rtol=1e-4, atol=1e-6):
     test.assertAllClose(float(loss), want_loss, rtol=1e-5, msg=where)
     positions = [id(v) for v in pm.unpartitioned.trainable_variables]
     for variable, grad in pairs:
-        test.assertAllClose(grad, want_grads[positions.index(id(variable))], rtol=1e-4, atol=1e-6,
+        test.assertAllClose(grad, want_grads[positions.index(id(variable))], rtol=rtol, atol=atol,
                             msg=f"{where}: {variable.path}")
 
 
@@ -528,6 +528,71 @@ class PipelineLossTermsTest(tf.test.TestCase):
                                                                                         reduction=None))
 
 
+class PipelineUnevenBatchTest(tf.test.TestCase):
+    """Batches that do not divide by microbatches x replicas still give the unpartitioned model's loss and gradients."""
+
+    def test_gradients_match_when_the_batch_does_not_divide(self):
+        # 13 samples: 4 microbatches of 4, 3, 3, 3 (2 replicas: shards of 7 and 6, then 2, 2, 2, 1 and 2, 2, 1, 1).
+        # 3 and 1: fewer samples than microbatches (2 replicas: one of them gets no sample of 1).
+        for batch in (13, 3, 1):
+            x, y = data(batch, seed=20 + batch)
+            want_loss, want_grads = reference(mlp, x, y)
+            for (stages, replicas), sched in zip(CONFIGS, ("1f1b", "gpipe")):
+                pm = PipelineModel(mlp, num_stages=stages, num_microbatches=4, schedule=sched, verbose=False)
+                pm.compile(optimizer="sgd", loss=LOSS)
+                loss, pairs = pm.pipeline_gradients(x, y)
+                assert_gradients_match(self, pm, loss, pairs, want_loss, want_grads,
+                                       f"batch {batch}, {stages} stages x {replicas}, {sched}", rtol=1e-5, atol=1e-7)
+
+    def test_loss_terms_weighted_by_microbatch_size(self):
+        x, y = data(13, seed=22)
+        w = np.random.default_rng(22).uniform(0.0, 2.0, 13).astype(np.float32) * (np.arange(13) % 4 != 0)
+        stages, replicas = CONFIGS[-1]
+        for reduction in ("sum_over_batch_size", "sum", "mean_with_sample_weight"):
+            loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
+            ref = mlp()
+            with tf.GradientTape() as tape:
+                want_loss = loss_fn(y, ref(x), sample_weight=w)
+            want = tape.gradient(want_loss, ref.trainable_variables)
+            pm = PipelineModel(mlp, num_stages=stages, num_microbatches=4, verbose=False)
+            pm.compile(optimizer="sgd", loss=loss_fn)
+            loss, pairs = pm.pipeline_gradients(x, y, sample_weight=w)
+            assert_gradients_match(self, pm, loss, pairs, float(want_loss), want,
+                                   f"{reduction}, {stages} stages x {replicas}", rtol=1e-5, atol=1e-7)
+        # An activity regularizer is a mean over the batch: each microbatch's counts by its share too.
+        ref = regularized_model()
+        with tf.GradientTape() as tape:
+            want_loss = LOSS(y, ref(x)) + tf.add_n(ref.losses)
+        want = tape.gradient(want_loss, ref.trainable_variables)
+        pm = PipelineModel(regularized_model, num_stages=stages, num_microbatches=4, partition="uniform", verbose=False)
+        pm.compile(optimizer="sgd", loss=LOSS)
+        loss, pairs = pm.pipeline_gradients(x, y)
+        assert_gradients_match(self, pm, loss, pairs, float(want_loss), want, "regularized", rtol=1e-5, atol=1e-7)
+
+    def test_fit_evaluate_predict_with_a_short_last_batch_match_unpartitioned(self):
+        # 45 = 5 x 8 + 5: batches of 8 (3 microbatches of 3, 3, 2) and a last one of 5 (2, 2, 1).
+        x, y = data(45, seed=23)
+        for stages, replicas in CONFIGS:
+            where = f"{stages} stages x {replicas}"
+            pm = PipelineModel(mlp, num_stages=stages, num_microbatches=3, verbose=False)
+            pm.compile(optimizer=keras.optimizers.SGD(0.2), loss=LOSS, metrics=["accuracy"])
+            ref = mlp()
+            ref.compile(optimizer=keras.optimizers.SGD(0.2), loss=LOSS, metrics=["accuracy"])
+            dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+            got = pm.fit(dataset, epochs=3, shuffle=False, verbose=0).history
+            expected = ref.fit(dataset, epochs=3, shuffle=False, verbose=0).history
+            self.assertAllClose(got["loss"], expected["loss"], rtol=1e-5, msg=where)
+            self.assertAllClose(got["accuracy"], expected["accuracy"], msg=where)
+            for v, r in zip(pm.unpartitioned.variables, ref.variables):
+                if v._value is not None:
+                    self.assertAllClose(v, r, rtol=1e-5, atol=1e-6, msg=f"{where}: {v.path}")
+            # 45 = 6 x 7 + 3: the last batch has as many samples as microbatches (fewer per replica).
+            self.assertAllClose(pm.evaluate(x, y, batch_size=7, verbose=0), ref.evaluate(x, y, batch_size=7, verbose=0),
+                                rtol=1e-5, msg=where)
+            self.assertAllClose(pm.predict(x, batch_size=7, verbose=0), ref.predict(x, batch_size=7, verbose=0),
+                                rtol=1e-5, atol=1e-6, msg=where)
+
+
 class PipelineErrorTest(tf.test.TestCase):
     """Each mistake raises the same clear error on every rank, and the job goes on."""
 
@@ -541,13 +606,6 @@ class PipelineErrorTest(tf.test.TestCase):
             PipelineModel(mlp(), num_stages=SIZE, num_microbatches=2, schedule="zigzag", verbose=False)
         pm = PipelineModel(mlp(), num_stages=2, num_microbatches=4, verbose=False)
         pm.compile(optimizer="sgd", loss=LOSS)
-        x, y = data(12)
-        divisor = 4 * (SIZE // 2)
-        if 12 % divisor:
-            with self.assertRaisesRegex(ValueError, f"batch size 12 does not divide by .* = {divisor}"):
-                pm.pipeline_gradients(x, y)
-        with self.assertRaisesRegex(ValueError, "batch size 6 does not divide"):
-            pm.fit(x, y, batch_size=6, epochs=1, verbose=0)
         # Different data on different ranks is caught before it corrupts training.
         x16, y16 = data(16, seed=RANK)
         pm._verify_batch = True
