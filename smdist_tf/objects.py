@@ -1,4 +1,11 @@
-"""``broadcast_object`` and ``allgather_object``: move picklable Python objects between ranks."""
+"""``broadcast_object`` and ``allgather_object``: move picklable Python objects between ranks.
+
+Each call is two collectives that every rank joins whatever happens: a header
+``[status, byte count]``, then the bytes. A rank that cannot pickle its object
+sends ``_UNPICKLABLE`` and a description of the failure instead of the pickle, so
+every rank learns of it and raises, rather than the others waiting for bytes that
+never come.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +18,24 @@ import tensorflow as tf
 from smdist_tf.collectives import allgather, broadcast
 from smdist_tf.runtime import rank, size
 
+_PICKLED, _UNPICKLABLE = 0, 1
 
-def _to_bytes_tensor(obj: Any) -> tf.Tensor:
-    return tf.constant(np.frombuffer(pickle.dumps(obj), dtype=np.uint8))
+
+def _type_name(obj: Any) -> str:
+    cls = type(obj)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _pickle(obj: Any) -> tuple[int, bytes, Optional[Exception]]:
+    """``(status, payload, error)``: the pickle, or a description of why ``obj`` has none."""
+    try:
+        return _PICKLED, pickle.dumps(obj), None
+    except Exception as error:  # whatever pickling raises, the other ranks must hear of it
+        return _UNPICKLABLE, f"{_type_name(obj)}: {type(error).__name__}: {error}".encode(errors="backslashreplace"), error
+
+
+def _bytes_tensor(data: bytes) -> tf.Tensor:
+    return tf.constant(np.frombuffer(data, dtype=np.uint8))
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
@@ -29,15 +51,25 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -
 
     Returns:
         The root's object, unpickled (a copy, also on the root).
+
+    Raises:
+        ValueError: ``root_rank`` is out of range.
+        pickle.PicklingError: on every rank, when the root cannot pickle ``obj``; the
+            message names the root and the object's type, and on the root the
+            original error is the cause.
     """
     if not 0 <= root_rank < size():
         raise ValueError(f"root_rank {root_rank} is out of range for {size()} ranks")
-    payload = _to_bytes_tensor(obj) if rank() == root_rank else tf.zeros([0], tf.uint8)
-    # The length travels first so every rank can allocate the same buffer shape.
-    length = broadcast(tf.shape(payload, out_type=tf.int64), root_rank, name=f"{name}.size" if name else None)
-    buffer = payload if rank() == root_rank else tf.zeros(length, tf.uint8)
-    data = broadcast(buffer, root_rank, name=f"{name}.data" if name else None)
-    return pickle.loads(data.numpy().tobytes())
+    is_root = rank() == root_rank
+    status, payload, error = _pickle(obj) if is_root else (_PICKLED, b"", None)
+    # The header travels first so every rank knows the outcome and allocates the same buffer shape.
+    header = broadcast(tf.constant([status, len(payload)], tf.int64), root_rank, name=f"{name}.size" if name else None)
+    status, length = header.numpy().tolist()
+    buffer = _bytes_tensor(payload) if is_root else tf.zeros([length], tf.uint8)
+    data = broadcast(buffer, root_rank, name=f"{name}.data" if name else None).numpy().tobytes()
+    if status == _UNPICKLABLE:
+        raise pickle.PicklingError(f"broadcast_object: root rank {root_rank} could not pickle its {data.decode(errors='replace')}") from error
+    return pickle.loads(data)
 
 
 def allgather_object(obj: Any, name: Optional[str] = None) -> list:
@@ -51,9 +83,18 @@ def allgather_object(obj: Any, name: Optional[str] = None) -> list:
 
     Returns:
         ``[obj of rank 0, obj of rank 1, ...]``.
+
+    Raises:
+        pickle.PicklingError: on every rank, when any rank cannot pickle its ``obj``;
+            the message names each such rank and its object's type, and on those
+            ranks the original error is the cause.
     """
-    payload = _to_bytes_tensor(obj)
-    sizes = allgather(tf.shape(payload, out_type=tf.int64), name=f"{name}.sizes" if name else None).numpy()
-    data = allgather(payload, name=f"{name}.data" if name else None).numpy()
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    return [pickle.loads(data[offsets[i] : offsets[i + 1]].tobytes()) for i in range(len(sizes))]
+    status, payload, error = _pickle(obj)
+    headers = allgather(tf.constant([[status, len(payload)]], tf.int64), name=f"{name}.sizes" if name else None).numpy()
+    data = allgather(_bytes_tensor(payload), name=f"{name}.data" if name else None).numpy()
+    offsets = np.concatenate([[0], np.cumsum(headers[:, 1])])
+    payloads = [data[offsets[r] : offsets[r + 1]].tobytes() for r in range(len(headers))]
+    failures = [f"rank {r}: {payloads[r].decode(errors='replace')}" for r in range(len(headers)) if headers[r, 0] == _UNPICKLABLE]
+    if failures:
+        raise pickle.PicklingError(f"allgather_object: could not pickle the object of {'; '.join(failures)}") from error
+    return [pickle.loads(p) for p in payloads]

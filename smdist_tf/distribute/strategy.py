@@ -11,6 +11,7 @@ from tensorflow.python.distribute import values as values_lib
 from smdist_tf.compression import Compression, Compressor
 from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps
 from smdist_tf.distribute.extended import DataParallelExtended
+from smdist_tf.distribute.predict_on_batch import install_local_predict_on_batch
 from smdist_tf.runtime import init, is_initialized, rank
 
 
@@ -32,7 +33,8 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     ``scope()``; ``model.fit`` and ``strategy.run`` then average gradients over all
     ranks in one fused allreduce, variables start from rank 0's values, datasets are
     sharded per rank (the batch size you give is the global batch), and logs are
-    global averages. Checkpoints and summaries should be written where
+    global averages. ``model.predict_on_batch(x)`` predicts this rank's ``x`` alone, with
+    no communication. Checkpoints and summaries should be written where
     ``strategy.extended.should_checkpoint`` is true (rank 0).
 
     Args:
@@ -51,6 +53,7 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         from smdist_tf.keras.loss_scale import install_finite_agreement
 
         install_finite_agreement()
+        install_local_predict_on_batch()
         if progress_on_rank_zero_only and rank() != 0:
             keras.config.disable_interactive_logging()
 

@@ -918,5 +918,54 @@ class IdleEngineTest(tf.test.TestCase):
         self.assertLess(time.time() - start, 5.0)
 
 
+class UnpicklableObjectTest(tf.test.TestCase):
+    """An object that cannot be pickled fails broadcast_object/allgather_object on every rank, never a hang."""
+
+    def setUp(self):
+        # A regression would leave some ranks waiting: make that a prompt AbortedError, not a hung suite.
+        restart_engine(SMDIST_STALL_SHUTDOWN_TIME="30")
+
+    def tearDown(self):
+        restart_engine(SMDIST_STALL_SHUTDOWN_TIME="")
+
+    def assert_pickling_fails_everywhere(self, call, *patterns):
+        import pickle
+
+        with self.assertRaises(pickle.PicklingError) as ctx:
+            call()
+        for pattern in patterns:
+            self.assertRegex(str(ctx.exception), pattern)
+        return ctx.exception
+
+    def test_broadcast_object_fails_on_every_rank_when_the_root_cannot_pickle(self):
+        self.assert_pickling_fails_everywhere(
+            lambda: sd.broadcast_object((lambda: 0) if RANK == 0 else None, root_rank=0),
+            r"^broadcast_object: root rank 0 could not pickle its function: \w+: .*<lambda>",
+        )
+        error = self.assert_pickling_fails_everywhere(
+            lambda: sd.broadcast_object({"lock": threading.Lock()} if RANK == LAST else "unused", root_rank=LAST, name="objects.lock"),
+            rf"^broadcast_object: root rank {LAST} could not pickle its dict: TypeError: .*'_thread\.lock'",
+        )
+        # The root keeps pickle's own error as the cause.
+        self.assertIsInstance(error.__cause__, TypeError if RANK == LAST else type(None))
+        # Only the root pickles: other ranks may hold anything.
+        self.assertEqual(sd.broadcast_object([RANK] if RANK == LAST else threading.Lock(), root_rank=LAST), [LAST])
+        self.assertEqual(sd.broadcast_object(("named", RANK), name="objects.after"), ("named", 0))
+        self.assertAllClose(sd.allreduce(tf.ones([2]), op=sd.Sum, name="objects.broadcast.healthy"), [SIZE, SIZE])
+
+    def test_allgather_object_fails_on_every_rank_when_any_rank_cannot_pickle(self):
+        self.assert_pickling_fails_everywhere(
+            lambda: sd.allgather_object(threading.Lock() if RANK == LAST else RANK),
+            rf"^allgather_object: could not pickle the object of rank {LAST}: _thread\.lock: TypeError: ",
+        )
+        if SIZE > 2:  # several ranks fail: each is named
+            self.assert_pickling_fails_everywhere(
+                lambda: sd.allgather_object(threading.Lock() if RANK % 2 else RANK, name="objects.odd"),
+                r"rank 1: _thread\.lock: TypeError: .*; rank 3: _thread\.lock: TypeError: ",
+            )
+        self.assertEqual(sd.allgather_object({"rank": RANK}), [{"rank": r} for r in range(SIZE)])
+        self.assertAllClose(sd.allreduce(tf.ones([2]), op=sd.Sum, name="objects.allgather.healthy"), [SIZE, SIZE])
+
+
 if __name__ == "__main__":
     tf.test.main()

@@ -374,5 +374,72 @@ class ObjectTest(SyncAssertions):
         self.assert_engine_healthy()
 
 
+class OnBatchTest(SyncAssertions):
+    """``*_on_batch`` take each rank's batch whole: predict is local, train and test combine ranks."""
+
+    def test_predict_on_batch_returns_this_ranks_batch_predictions(self):
+        def two_output_model(seed: int) -> keras.Model:
+            keras.utils.set_random_seed(seed)
+            inputs = keras.Input((8,))
+            hidden = keras.layers.Dense(6, activation="tanh")(inputs)
+            return keras.Model(inputs, {"logits": keras.layers.Dense(3)(hidden), "score": keras.layers.Dense(1)(hidden)})
+
+        x, _ = data(5 + RANK, seed=20 + RANK)  # every rank its own batch, of its own size
+        with STRATEGY.scope():
+            model = two_output_model(seed=21 + RANK)  # different seeds: the strategy must broadcast
+        reference = two_output_model(seed=0)
+        reference.set_weights(model.get_weights())
+        want = reference.predict_on_batch(x)
+
+        got = model.predict_on_batch(x)
+        self.assertEqual(sorted(got), ["logits", "score"])
+        self.assertEqual(got["logits"].shape, (len(x), 3))
+        self.assertEqual(got["score"].shape, (len(x), 1))
+        self.assertAllClose(got, want, rtol=1e-6, atol=1e-6)
+        with STRATEGY.scope():
+            model.compile(run_eagerly=True)
+        self.assertAllClose(model.predict_on_batch(x), want, rtol=1e-6, atol=1e-6)
+        with STRATEGY.scope():
+            model.compile()
+        # No collective: one rank alone may call it on a built model.
+        if RANK == 0:
+            self.assertAllClose(model.predict_on_batch(x[:2]), reference.predict_on_batch(x[:2]), rtol=1e-6, atol=1e-6)
+
+        # predict() is unchanged: the global data is sharded and every rank gets all of it.
+        everything, _ = data(6 * SIZE, seed=22)
+        predictions = model.predict(everything, batch_size=2 * SIZE, verbose=0)
+        self.assertAllClose(predictions, reference.predict(everything, verbose=0), rtol=1e-5, atol=1e-6)
+        self.assert_engine_healthy()
+
+    def test_train_and_test_on_batch_combine_every_ranks_batch(self):
+        shard = 4
+        x, y = data(shard * SIZE, seed=23)
+        mine = slice(RANK * shard, (RANK + 1) * shard)
+        with STRATEGY.scope():
+            model = small_model(seed=24 + RANK)
+            model.compile(optimizer=keras.optimizers.SGD(0.3), loss=LOSS, metrics=["accuracy"])
+        reference = small_model(seed=0)
+        reference.set_weights(model.get_weights())
+        reference.compile(optimizer=keras.optimizers.SGD(0.3), loss=LOSS, metrics=["accuracy"])
+
+        # Equal shards: the same as one process on all the shards together.
+        logs = model.test_on_batch(x[mine], y[mine], return_dict=True)
+        self.assertAllClose(logs, reference.test_on_batch(x, y, return_dict=True), rtol=1e-5)
+        self.assertEqual(sd.allgather_object(logs), [logs] * SIZE)
+        logs = model.train_on_batch(x[mine], y[mine], return_dict=True)
+        self.assertAllClose(logs, reference.train_on_batch(x, y, return_dict=True), rtol=1e-5)
+        for got, want in zip(model.get_weights(), reference.get_weights()):
+            self.assertAllClose(got, want, rtol=1e-5, atol=1e-6)
+        self.assert_identical_on_all_ranks(flat_weights(model))
+
+        # Unequal shards: each rank's loss and metrics count once (the mean over ranks of per-rank values).
+        sizes = [1 + r for r in range(SIZE)]
+        starts = np.cumsum([0] + sizes)
+        mine = slice(starts[RANK], starts[RANK + 1])
+        per_rank = [reference.test_on_batch(x[starts[r] : starts[r + 1]], y[starts[r] : starts[r + 1]]) for r in range(SIZE)]
+        self.assertAllClose(model.test_on_batch(x[mine], y[mine]), np.mean(per_rank, axis=0), rtol=1e-5)
+        self.assert_engine_healthy()
+
+
 if __name__ == "__main__":
     tf.test.main()
