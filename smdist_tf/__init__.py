@@ -45,7 +45,7 @@ _EXPORTS: dict[str, str] = {
 }
 # Subpackages reachable as attributes. ``run`` is callable: smdist_tf.run(fn, np=2)
 # runs fn on every rank (see smdist_tf/run/__init__.py).
-_SUBMODULES = ("run", "keras", "distribute")
+_SUBMODULES = ("run", "keras", "distribute", "elastic")
 
 __all__ = sorted([*_EXPORTS, "run"])
 

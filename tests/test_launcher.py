@@ -6,19 +6,25 @@ Real launches are in test_launcher_multiprocess.py.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import smdist_tf
 from smdist_tf.run import cluster, hosts
-from smdist_tf.run.args import parse_args
+from smdist_tf.run.args import DEFAULT_DISCOVERY_RESTARTS, effective_max_restarts, min_np, parse_args
+from smdist_tf.run.checks import check_environment
 from smdist_tf.run.config_file import parse_config_text
 from smdist_tf.run.errors import UsageError
+from smdist_tf.run.host_discovery import DiscoveryError, choose_np, parse_output
 from smdist_tf.run.launcher import _NotLeader, main, plan
 from smdist_tf.run.mpi_command import (
-    MpiFlavour, MpiJob, build_command, exported_names, parse_version_output,
+    MpiFlavour, MpiJob, build_command, exported_names, launcher_env, parse_version_output,
 )
+from smdist_tf.run.restarts import backoff_s, restart_cause
 from smdist_tf.run.supervisor import Outcome, RankExit, Supervisor
 from smdist_tf.run.tuning_env import tuning_env
 
@@ -223,11 +229,13 @@ def test_tuning_flags_set_both_names():
     assert tuning_env(parse_args(["-np", "2", "true"])) == {}
 
 
-def test_other_flags_parse():
-    s = parse_args(["-np", "4", "-H", "a:2,b:2", "-p", "2222", "-i", "/k", "--start-timeout", "5",
+def test_other_flags_parse(tmp_path):
+    key = tmp_path / "key"
+    key.touch()
+    s = parse_args(["-np", "4", "-H", "a:2,b:2", "-p", "2222", "-i", str(key), "--start-timeout", "5",
                     "--network-interfaces", "eth0, ib0", "--output-filename", "logs", "--verbose",
                     "--mpi-args", "--mca btl ^openib -x FOO", "--mpi", "python", "t.py"])
-    assert (s.np, s.hosts, s.ssh_port, s.ssh_identity_file, s.start_timeout) == (4, "a:2,b:2", 2222, "/k", 5.0)
+    assert (s.np, s.hosts, s.ssh_port, s.ssh_identity_file, s.start_timeout) == (4, "a:2,b:2", 2222, str(key), 5.0)
     assert s.network_interfaces == ["eth0", "ib0"] and s.output_filename == "logs" and s.verbose
     assert s.mpi_args == ["--mca", "btl", "^openib", "-x", "FOO"]
     assert parse_args(["--network-interface", "eth1", "-np", "1", "true"]).network_interfaces == ["eth1"]
@@ -315,7 +323,8 @@ def test_mpich_command():
                              export=["SMDIST_CYCLE_TIME"], oversubscribe=True))
     text = " ".join(cmd)
     assert cmd[:3] == ["mpirun", "-n", "4"] and "-hosts a:2,b:2" in text
-    assert "-launcher ssh -launcher-exec ssh -p 2222" in text and "-iface eth0" in text
+    # Hydra's -launcher-exec is the ssh executable alone: the options go in its environment.
+    assert "-launcher ssh" in text and "-launcher-exec" not in cmd and "-iface eth0" in text
     assert "-genv SMDIST_CYCLE_TIME 5" in text
     assert "--oversubscribe" not in text and "-x" not in cmd and "--allow-run-as-root" not in text
 
@@ -355,3 +364,330 @@ def test_programmatic_run_rejects_unpicklable_fn():
         smdist_tf.run(lambda: 1, np=1)
     with pytest.raises(UsageError, match="unknown setting"):
         smdist_tf.run(print, np=1, colour="blue")
+
+
+# ---------------------------------------------------------------- option injection (issue #21 item 6)
+# Each user-supplied value that reaches mpirun or ssh is checked: a malicious one is refused
+# with exit code 2 before anything starts, a legitimate one still gives the expected argv.
+
+SMDISTRUN = str(Path(sys.executable).parent / "smdistrun")
+NOT_LOCAL = "192.0.2.1"  # TEST-NET-1: resolves (it is an address) and is never this machine
+
+
+def _script(path: Path, body: str) -> str:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def _refused(argv: list[str], capsys, message: str) -> None:
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("smdistrun: error: ")
+    assert message in err, err
+
+
+@pytest.fixture
+def key(tmp_path) -> str:
+    path = tmp_path / "id_key"
+    path.write_text("not really a key\n")
+    return str(path)
+
+
+def _value_after(cmd: list[str], flag: str) -> str:
+    return cmd[cmd.index(flag) + 1]
+
+
+@pytest.mark.parametrize("spec", [
+    "-oProxyCommand=x:1", "localhost:1,-v:1", "user@host:1", "a;touch x:1", "$(id):1", "a`id`:1",
+    "host name:1", "[::1:1", "fe80::1%$(id)", "a\nb:1", "'a':1",
+])
+def test_hosts_flag_refuses_non_host_names(spec, capsys):
+    with pytest.raises(UsageError, match="bad host name"):
+        hosts.parse_host_string(spec)
+    _refused(["-np", "1", f"--hosts={spec}", "true"], capsys, "bad host name")
+
+
+def test_hosts_flag_accepts_names_and_addresses():
+    parsed = hosts.parse_host_string("node-01.cluster:4,gpu_a1,10.0.0.1:2,[::1]:2,fe80::1")
+    assert [h.name for h in parsed] == ["node-01.cluster", "gpu_a1", "10.0.0.1", "[::1]", "fe80::1"]
+    p = plan(parse_args(["-H", "localhost:1,127.0.0.1:1", "true"]), dict(os.environ))
+    assert _value_after(p.command, "-H") == "localhost:1,127.0.0.1:1"
+
+
+@pytest.mark.parametrize("line", ["-oProxyCommand=x slots=1", "user@host slots=2", "a$(id) slots=1", "a;b:1"])
+def test_hostfile_refuses_non_host_names(tmp_path, line, capsys):
+    path = tmp_path / "hosts"
+    path.write_text(f"localhost slots=1\n{line}\n")
+    with pytest.raises(UsageError, match="line 2"):
+        hosts.parse_hostfile(str(path))
+    _refused(["-np", "1", "--hostfile", str(path), "true"], capsys, "bad host name")
+
+
+def test_cluster_host_names_are_checked():
+    with pytest.raises(UsageError, match="SM_HOSTS"):
+        cluster.detect({"SM_HOSTS": '["algo-1", "-oProxyCommand=x"]'})
+    with pytest.raises(UsageError, match="SM_HOSTS"):
+        cluster.detect({"SM_HOSTS": '["algo-1", "a b"]'})
+    for nodelist in ("n[1-2],-oProxyCommand=x", "user@n1", "n$(id)"):
+        with pytest.raises(UsageError, match="SLURM_JOB_NODELIST"):
+            cluster.detect({"SLURM_JOB_NODELIST": nodelist})
+    assert [h.name for h in cluster.detect({"SLURM_JOB_NODELIST": "gpu-[01-02]-ib"}).hosts] == ["gpu-01-ib", "gpu-02-ib"]
+
+
+@pytest.mark.parametrize("name", [
+    "x -oProxyCommand=touch marker", "x$(id)", "x`id`", "x'q", 'x"q', "x;y", "x\\y", "x%h", "x|y", "x\ny",
+])
+def test_identity_file_refuses_shell_and_split_characters(tmp_path, name, capsys):
+    path = tmp_path / name
+    path.write_text("")  # it exists: refused for its name alone
+    _refused(["-np", "1", "-i", str(path), "true"], capsys, "--ssh-identity-file")
+
+
+def test_identity_file_must_be_an_existing_regular_file(tmp_path, capsys):
+    _refused(["-np", "1", "-i", str(tmp_path / "missing"), "true"], capsys, "not an existing file")
+    _refused(["-np", "1", "-i", str(tmp_path), "true"], capsys, "not an existing file")  # a directory
+    _refused(["-np", "1", "-i=-oProxyCommand=x", "true"], capsys, "must not start with '-'")
+
+
+def test_identity_file_reaches_ssh_as_one_word(key, tmp_path, monkeypatch):
+    p = plan(parse_args(["-H", "localhost:1", "-i", key, "true"]), dict(os.environ))
+    assert _value_after(p.command, "plm_ssh_args") == f"-i {key}"
+    monkeypatch.chdir(tmp_path)  # a relative path becomes the absolute one ssh is given
+    assert parse_args(["-np", "1", "-i", "id_key", "true"]).ssh_identity_file == key
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-p", "0"], "1..65535"),
+    (["-p", "65536"], "1..65535"),
+    (["-p", "22 -oProxyCommand=x"], "invalid int"),
+    (["-p=-22"], "1..65535"),
+])
+def test_ssh_port_must_be_a_port_number(argv, message, capsys):
+    _refused(["-np", "1", *argv, "true"], capsys, message)
+
+
+def test_ssh_port_and_key_give_separate_ssh_words(key):
+    p = plan(parse_args(["-H", "localhost:1", "-p", "2222", "-i", key, "true"]), dict(os.environ))
+    assert _value_after(p.command, "--prtemca") == "plm_ssh_args"
+    assert _value_after(p.command, "plm_ssh_args") == f"-p 2222 -i {key}"
+
+
+@pytest.mark.parametrize("interfaces", ["eth0;touch x", "eth0 -x", "$(id)", "-eth0", "e" * 16, "eth0`id`", 'eth"0', "eth0/24"])
+def test_network_interfaces_refuse_unsafe_names(interfaces, capsys):
+    _refused(["-np", "1", f"--network-interfaces={interfaces}", "true"], capsys, "bad network interface")
+
+
+def test_network_interfaces_reach_mpi_as_given():
+    p = plan(parse_args(["-np", "1", "--network-interfaces", "eth0, ib0,enp1s0f0", "true"]), dict(os.environ))
+    assert _value_after(p.command, "btl_tcp_if_include") == "eth0,ib0,enp1s0f0"
+    assert _value_after(p.command, "oob_tcp_if_include") == "eth0,ib0,enp1s0f0"
+
+
+def test_environment_names_are_identifiers():
+    env = {"PATH": "/bin", "MY_VAR": "1", "A=B": "x", "X;touch y": "1", "-x": "1", "2X": "1", "OK_2": "a b"}
+    assert exported_names(env, remote=True, always=[]) == ["MY_VAR", "OK_2", "PATH"]
+    check_environment({"MY_VAR": "1", "_X2": "a b"}, "test")
+    for bad in ({"A=B": "1"}, {"-x": "1"}, {"A B": "1"}, {"X": "a\0b"}, {"X": 1}):
+        with pytest.raises(UsageError, match="smdist_tf.run env"):
+            check_environment(bad, "smdist_tf.run env")
+    with pytest.raises(UsageError, match="bad environment variable name 'A=B'"):
+        smdist_tf.run(print, np=1, env={"A=B": "1"})
+
+
+@pytest.mark.parametrize("line, message", [
+    ('ssh_identity_file: "/tmp/x -oProxyCommand=touch /tmp/m"', "--ssh-identity-file"),
+    ('hosts: "-oProxyCommand=x:1"', "bad host name"),
+    ('hosts: "a@b:1"', "bad host name"),
+    ('network_interfaces: "eth0;id"', "bad network interface"),
+    ("ssh_port: 0", "1..65535"),
+    ("ssh_port: true", "ssh_port must be int"),
+    ('ssh_port: "22 -oX"', "ssh_port must be int"),
+    ('hostfile: "-x"', "must not start with '-'"),
+    ('output_filename: "-x"', "must not start with '-'"),
+    ('timeline:\n  filename: "-x"', "must not start with '-'"),
+    ("start_timeout: nan", "--start-timeout must be positive"),
+])
+def test_config_file_values_get_the_same_checks(tmp_path, line, message, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(line + "\n")
+    _refused(["--config-file", str(path), "-np", "1", "true"], capsys, message)
+
+
+def test_config_file_ssh_settings_reach_ssh(tmp_path, key):
+    path = tmp_path / "c.yaml"
+    path.write_text(f'ssh_port: 2222\nssh_identity_file: "{key}"\nhosts: localhost:1\nnetwork_interfaces: lo\n')
+    p = plan(parse_args(["--config-file", str(path), "true"]), dict(os.environ))
+    assert _value_after(p.command, "plm_ssh_args") == f"-p 2222 -i {key}"
+    assert _value_after(p.command, "btl_tcp_if_include") == "lo"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config-file=-x"], "must not start with '-'"),
+    (["--output-filename=-x"], "must not start with '-'"),
+    (["--timeline-filename", "a\nb"], "control characters"),
+    (["--start-timeout", "nan"], "--start-timeout"),
+    (["--fusion-threshold-mb", "inf"], "finite"),
+])
+def test_other_values_are_checked(argv, message, capsys):
+    _refused([*argv, "-np", "1", "true"], capsys, message)
+
+
+def test_command_builders_refuse_unchecked_values():
+    # Whoever builds an MpiJob, nothing unsafe lands in a string MPI splits.
+    for flavour in (OMPI5, MPICH):
+        with pytest.raises(UsageError):
+            build_command(_job(flavour, ssh_identity_file="/k -oProxyCommand=x"))
+        with pytest.raises(UsageError):
+            build_command(_job(flavour, network_interfaces=["eth0 -x"]))
+
+
+def test_mpich_ssh_options_go_to_hydra_environment():
+    job = _job(MPICH, ssh_port=2222, ssh_identity_file="/k")
+    assert launcher_env(job) == {"HYDRA_LAUNCHER_EXTRA_ARGS": "-p 2222 -i /k",
+                                 "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": "-p 2222 -i /k"}
+    assert launcher_env(_job(MPICH)) == {} and launcher_env(_job(OMPI5, ssh_port=2222)) == {}
+
+
+def test_programmatic_settings_are_checked(key):
+    with pytest.raises(UsageError, match="ssh-port"):
+        smdist_tf.run(print, np=1, ssh_port="22 -oProxyCommand=x")
+    with pytest.raises(UsageError, match="--ssh-identity-file"):
+        smdist_tf.run(print, np=1, ssh_identity_file=key + " -oProxyCommand=x")
+    with pytest.raises(UsageError, match="bad network interface"):
+        smdist_tf.run(print, np=1, network_interfaces="eth0,$(id)")
+
+
+def test_identity_file_cannot_smuggle_ssh_options(tmp_path):
+    # The real console script and mpirun. Before the fix, Open MPI split
+    # "-i KEY -oProxyCommand=CMD" on whitespace and ssh ran CMD on this machine.
+    marker = tmp_path / "proxy_command_ran"
+    proxy = _script(tmp_path / "proxy", f"touch {marker}\n")
+    smuggling_key = Path(f"{tmp_path}/x -oProxyCommand={proxy}")
+    smuggling_key.parent.mkdir(parents=True)
+    smuggling_key.touch()  # it exists: refused for its name alone
+    done = subprocess.run(
+        [SMDISTRUN, "--start-timeout", "10", "-np", "2", "-i", str(smuggling_key),
+         "-H", f"localhost:1,{NOT_LOCAL}:1", "true"],
+        capture_output=True, text=True, timeout=60)
+    assert not marker.exists()
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("smdistrun: error: --ssh-identity-file") and len(done.stderr.splitlines()) == 1
+
+
+def test_ssh_receives_port_and_key_as_separate_arguments(tmp_path, key):
+    # A stand-in for ssh records the argv Open MPI gives it for the remote host, then fails.
+    argv_file = tmp_path / "argv"
+    agent = _script(tmp_path / "agent", f'printf "%s\\n" "$@" > {argv_file}\nexit 1\n')
+    done = subprocess.run(
+        [SMDISTRUN, "--start-timeout", "10", "-np", "2", "-p", "2222", "-i", key,
+         "-H", f"localhost:1,{NOT_LOCAL}:1", f"--mpi-args=--prtemca plm_ssh_agent {agent}", "true"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode not in (0, 2), done.stderr
+    assert argv_file.read_text().splitlines()[:5] == ["-p", "2222", "-i", key, NOT_LOCAL]
+
+
+# ---------------------------------------------------------------- restarts and elastic flags
+
+def test_restart_flags_and_their_defaults(tmp_path):
+    s = parse_args(["-np", "2", "true"], environ={})
+    assert (s.max_restarts, s.elastic_dir, s.host_discovery_script) == (None, None, None)
+    assert effective_max_restarts(s) == 0 and s.elastic_timeout == 600
+    s = parse_args(["-np", "2", "--max-restarts", "3", "--elastic-dir", "rel/dir", "true"], environ={})
+    assert effective_max_restarts(s) == 3 and s.elastic_dir == os.path.abspath("rel/dir")
+    assert parse_args(["-np", "2", "--reset-limit", "4", "true"], environ={}).max_restarts == 4  # horovodrun's name
+
+    script = _script(tmp_path / "discover", "echo localhost:2\n")
+    s = parse_args(["--min-np", "2", "--max-np", "4", "--slots-per-host", "2", "--host-discovery-script", script,
+                    "true"], environ={"HOROVOD_ELASTIC_TIMEOUT": "30"})
+    assert (s.min_np, s.max_np, s.slots_per_host, s.elastic_timeout) == (2, 4, 2, 30.0)
+    assert effective_max_restarts(s) == DEFAULT_DISCOVERY_RESTARTS == 3  # discovery without --max-restarts
+    assert effective_max_restarts(parse_args(["--max-restarts", "0", "--host-discovery-script", script, "true"])) == 0
+    assert min_np(parse_args(["-np", "3", "--host-discovery-script", script, "true"])) == 3  # -np is the minimum
+    assert min_np(parse_args(["--host-discovery-script", script, "true"])) == 1
+
+
+def test_restart_settings_from_a_config_file(tmp_path):
+    script = _script(tmp_path / "discover", "echo localhost:2\n")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"max-restarts: 2\nelastic_dir: {tmp_path}/commits\nhost_discovery_script: {script}\n"
+                    "min_np: 2\nmax_num_proc: 3\nelastic_timeout: 5\n")
+    s = parse_args(["--config-file", str(path), "--max-np", "4", "true"], environ={})
+    assert (s.max_restarts, s.elastic_dir, s.host_discovery_script) == (2, f"{tmp_path}/commits", script)
+    assert (s.min_np, s.max_np, s.elastic_timeout) == (2, 4, 5.0)  # the command line wins
+
+
+@pytest.mark.parametrize("make_argv, message", [
+    (lambda script: ["-np", "2", "--max-restarts", "-1"], "--max-restarts must be an integer of at least 0"),
+    (lambda script: ["-np", "2", "--min-np", "2"], "--min-np needs --host-discovery-script"),
+    (lambda script: ["-np", "2", "--max-np", "2", "--slots-per-host", "2"],
+     "--max-np and --slots-per-host need --host-discovery-script"),
+    (lambda script: ["--host-discovery-script", script, "-H", "localhost:2"],
+     "either --host-discovery-script or -H/--hostfile"),
+    (lambda script: ["--host-discovery-script", script, "--min-np", "3", "--max-np", "2"],
+     "--min-np 3 is larger than --max-np 2"),
+    (lambda script: ["--host-discovery-script", script, "-np", "4", "--max-np", "2"], "-np 4 is larger than --max-np 2"),
+    (lambda script: ["--host-discovery-script", script, "--min-np", "0"], "--min-np must be an integer of at least 1"),
+    (lambda script: ["--host-discovery-script", script, "--slots-per-host", "0"], "--slots-per-host must be"),
+    (lambda script: ["--host-discovery-script", script, "--elastic-timeout", "0"], "--elastic-timeout must be positive"),
+    (lambda script: ["--host-discovery-script", script, "--elastic-timeout", "nan"], "--elastic-timeout must be positive"),
+    (lambda script: ["--host-discovery-script", script + ".missing"], "is not an executable file"),
+    (lambda script: ["--host-discovery-script=-x"], "must not start with '-'"),
+    (lambda script: ["-np", "2", "--elastic-dir", "a\nb"], "control characters"),
+])
+def test_restart_and_elastic_values_are_checked(make_argv, message, tmp_path, capsys):
+    script = _script(tmp_path / "discover", "echo localhost:2\n")
+    _refused([*make_argv(script), "true"], capsys, message)
+
+
+def test_discovery_script_must_be_executable(tmp_path, capsys):
+    script = tmp_path / "discover"
+    script.write_text("echo localhost:2\n")  # not executable
+    _refused(["--host-discovery-script", str(script), "true"], capsys, "is not an executable file")
+
+
+def test_programmatic_restart_settings_are_checked():
+    with pytest.raises(UsageError, match="--max-restarts must be an integer"):
+        smdist_tf.run(print, np=1, max_restarts="2")
+    with pytest.raises(UsageError, match="--min-np needs --host-discovery-script"):
+        smdist_tf.run(print, np=1, min_np=1)
+
+
+def test_discovery_output_is_read_like_a_host_list():
+    hosts_found = parse_output("node1:4\n\n  node2  \n10.0.0.7:2\nnode1:2\n[fe80::1]:3\n", 2, "d")
+    assert hosts_found == [hosts.Host("node1", 6), hosts.Host("node2", 2), hosts.Host("10.0.0.7", 2),
+                           hosts.Host("[fe80::1]", 3)]
+    assert parse_output("", 1, "d") == []
+    for bad in ("node1:x", "-oProxyCommand=x:1", "a:1,b:1", "user@node:1", "node:0"):
+        with pytest.raises(DiscoveryError, match="printed a bad line 2"):
+            parse_output(f"ok:1\n{bad}\n", 1, "d")
+
+
+def test_np_is_the_discovered_slots_within_min_and_max():
+    found = [hosts.Host("a", 2), hosts.Host("b", 3)]
+    assert choose_np(found, 1, None) == 5
+    assert choose_np(found, 2, 4) == 4
+    assert choose_np(found, 6, None) is None and choose_np([], 1, None) is None
+
+
+def test_restart_backoff_doubles_up_to_a_cap():
+    assert [backoff_s(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+def test_only_rank_failures_are_restarted():
+    failed = RankExit(rank=1, code=137, signal=9, stopped=False)
+    assert restart_cause(Outcome(0)) is None
+    assert restart_cause(Outcome(137, failed_rank=failed, started={1: "node7"})) == (
+        "rank 1 (on node7) was killed by SIGKILL (exit code 137)")
+    assert restart_cause(Outcome(3, reason="mpirun exited with code 3")) == "mpirun exited with code 3"
+    assert restart_cause(Outcome(130, failed_rank=failed, interrupted_by=signal.SIGINT)) is None  # Ctrl-C
+    assert restart_cause(Outcome(143, interrupted_by=signal.SIGTERM)) is None
+    assert restart_cause(Outcome(1, reason="only 1 of 2 ranks started", start_timed_out=True)) is None
+
+
+def test_plan_exports_the_restart_variables_to_every_rank():
+    s = parse_args(["-np", "2", "-H", f"localhost:1,{NOT_LOCAL}:1", "true"], environ={})
+    p = plan(s, dict(os.environ), rank_env={"SMDIST_RESTART_COUNT": "1", "SMDIST_ELASTIC_DIR": "/shared/commits"})
+    exported = [p.command[i + 1] for i, word in enumerate(p.command) if word == "-x"]
+    assert "SMDIST_RESTART_COUNT" in exported and "SMDIST_ELASTIC_DIR" in exported
+    assert p.env["SMDIST_RESTART_COUNT"] == "1" and p.env["SMDIST_ELASTIC_DIR"] == "/shared/commits"

@@ -180,6 +180,43 @@ def test_sigterm_to_smdistrun_leaves_no_orphans():
             proc.wait()
 
 
+@pytest.mark.parametrize("victim", ["smdistrun", "mpirun"])
+def test_sigkill_of_the_launcher_leaves_no_orphans(victim):
+    """SIGKILL allows no cleanup: mpirun gets SIGTERM when smdistrun dies, and each rank's agent stops its
+    program and everything the program started when mpirun dies."""
+    tag = uuid.uuid4().hex
+    script = shutil.which("smdistrun", path=str(VENV_BIN)) or shutil.which("smdistrun")
+    cmd = [script] if script else [sys.executable, "-m", "smdist_tf.run"]
+    proc = subprocess.Popen(cmd + ["-np", "2", *ranks("hang_with_child", tag)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True, env=dict(os.environ),
+                            cwd=ROOT, start_new_session=True)
+    try:
+        ready = 0
+        give_up = time.monotonic() + 90
+        while ready < 2 and time.monotonic() < give_up:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            ready += bool(re.match(r"\[\d\]<stdout>:ready", line))
+        assert ready == 2, "ranks never got ready"
+        assert len([line for line in leftovers(tag) if "time.sleep(300)" in line]) == 2
+        if victim == "smdistrun":
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            (mpirun,) = [int(line.split()[0]) for line in leftovers(tag) if "prterun" in line or "mpirun" in line]
+            os.kill(mpirun, signal.SIGKILL)
+        give_up = time.monotonic() + 15
+        while leftovers(tag) and time.monotonic() < give_up:
+            time.sleep(0.2)
+        assert leftovers(tag) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for line in leftovers(tag):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
 def test_start_timeout(capfd, deadline):
     deadline(60)
     code = main(["-np", "2", "--start-timeout", "0.001", *ranks("echo", uuid.uuid4().hex)])

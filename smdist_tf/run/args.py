@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from smdist_tf.run import checks
 from smdist_tf.run.config_file import load_config_file
 from smdist_tf.run.errors import UsageError
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 DEFAULT_START_TIMEOUT_S = 30.0
+DEFAULT_ELASTIC_TIMEOUT_S = 600.0  # horovodrun's
+# Restarts when --host-discovery-script is given without --max-restarts. horovodrun
+# has no limit there; a script that fails every time would then restart forever.
+DEFAULT_DISCOVERY_RESTARTS = 3
 
 
 @dataclass
@@ -43,6 +49,13 @@ class LaunchSettings:
     check_build: bool = False
     show_version: bool = False
     config_file: str | None = None
+    max_restarts: int | None = None  # None: see effective_max_restarts()
+    elastic_dir: str | None = None
+    host_discovery_script: str | None = None
+    min_np: int | None = None
+    max_np: int | None = None
+    slots_per_host: int = 1
+    elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_S
     # Config-file entries we accept but do not act on, reported under --verbose.
     ignored_config: list[str] = field(default_factory=list)
 
@@ -66,16 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     # config file fill only what the command line left out.
     p.add_argument("-v", "--version", action="store_true", default=None, help="print the version and exit")
     p.add_argument("-np", "--num-proc", dest="np", type=int, help="number of ranks (default: all slots of -H/--hostfile)")
-    p.add_argument("-H", "--hosts", help="host:slots,host:slots,... (a host without :slots has one)")
+    p.add_argument("-H", "--hosts", help="host:slots,host:slots,... (a host without :slots has one); host names or IP addresses")
     p.add_argument("-hostfile", "--hostfile", help="file with one 'hostname slots=N' per line")
     p.add_argument("-p", "--ssh-port", type=int, help="ssh port on the remote hosts")
-    p.add_argument("-i", "--ssh-identity-file", help="ssh private key for the remote hosts")
+    p.add_argument("-i", "--ssh-identity-file", help="ssh private key for the remote hosts: an existing file, no whitespace, quotes or shell characters in its path")
     p.add_argument("--start-timeout", type=float, help=f"seconds for all ranks to start (default {DEFAULT_START_TIMEOUT_S:g}; env HOROVOD_START_TIMEOUT)")
-    p.add_argument("--network-interface", "--network-interfaces", dest="network_interfaces", help="comma-separated interfaces MPI may use, e.g. eth0,eth1")
+    p.add_argument("--network-interface", "--network-interfaces", dest="network_interfaces", help="comma-separated interface names MPI may use, e.g. eth0,eth1")
     p.add_argument("--output-filename", help="also write each rank's output to DIR/rank.N/{stdout,stderr}")
     p.add_argument("--verbose", action="store_true", default=None, help="print the exact mpirun command and launcher decisions")
     p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="engine log level")
-    p.add_argument("--mpi-args", help="extra arguments for mpirun, as one quoted string")
+    p.add_argument("--mpi-args", help="extra arguments for mpirun, as one quoted string; passed on unchecked, as your own mpirun options")
     p.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MB (0 disables fusion)")
     p.add_argument("--cycle-time-ms", type=float, help="engine cycle time in milliseconds")
     p.add_argument("--cache-capacity", type=int, help="response cache capacity (entries)")
@@ -87,6 +100,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-cb", "--check-build", action="store_true", default=None, help="print what smdist_tf was built with and exit")
     p.add_argument("--config-file", help="YAML file with defaults for these flags (the command line wins)")
     p.add_argument("--mpi", action="store_true", default=None, help="use MPI to start the ranks (the only controller; accepted for compatibility)")
+    restarts = p.add_argument_group("restarts and elastic training")
+    restarts.add_argument("--max-restarts", "--reset-limit", dest="max_restarts", type=int, metavar="N",
+                          help="start the whole job again, up to N times, when a rank fails (default 0; "
+                               f"{DEFAULT_DISCOVERY_RESTARTS} with --host-discovery-script)")
+    restarts.add_argument("--elastic-dir", metavar="DIR",
+                          help="directory for smdist_tf.elastic commits, seen by the ranks as SMDIST_ELASTIC_DIR "
+                               "(default with restarts: a temporary one, removed at the end)")
+    restarts.add_argument("--host-discovery-script", metavar="FILE",
+                          help="executable printing one 'host:slots' line per available host; run before every start")
+    restarts.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
+                          help="fewest ranks to start (default -np, else 1); wait for that many slots")
+    restarts.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
+                          help="most ranks to start (default: every discovered slot)")
+    restarts.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int, metavar="N",
+                          help="slots of a discovered host printed without ':slots' (default 1)")
+    restarts.add_argument("--elastic-timeout", type=float, metavar="S",
+                          help=f"seconds to wait for --min-np slots (default {DEFAULT_ELASTIC_TIMEOUT_S:g}; "
+                               "env HOROVOD_ELASTIC_TIMEOUT)")
     p.add_argument("--gloo", action="store_true", default=None, help=argparse.SUPPRESS)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs")
     return p
@@ -113,9 +144,11 @@ _FLAT_KEYS = {
     "network_interface", "network_interfaces", "output_filename", "verbose", "log_level", "mpi_args",
     "fusion_threshold_mb", "cycle_time_ms", "cache_capacity", "hierarchical_allreduce",
     "timeline_filename", "timeline_mark_cycles", "stall_check_warning_time_seconds",
-    "stall_check_shutdown_time_seconds",
+    "stall_check_shutdown_time_seconds", "max_restarts", "reset_limit", "elastic_dir", "host_discovery_script",
+    "min_np", "min_num_proc", "max_np", "max_num_proc", "slots_per_host", "slots", "elastic_timeout",
 }
-_ALIASES = {"num_proc": "np", "network_interface": "network_interfaces"}
+_ALIASES = {"num_proc": "np", "network_interface": "network_interfaces", "reset_limit": "max_restarts",
+            "min_num_proc": "min_np", "max_num_proc": "max_np", "slots": "slots_per_host"}
 
 
 def config_values(config: dict[str, Any], path: str) -> tuple[dict[str, Any], list[str]]:
@@ -151,6 +184,8 @@ def _coerce(name: str, value: Any, kind: type, where: str) -> Any:
         if isinstance(value, bool):
             return value
         raise UsageError(f"{where}: {name} must be true or false, got {value!r}")
+    if isinstance(value, bool):  # int(True) is 1 and str(True) "True": neither is what was meant
+        raise UsageError(f"{where}: {name} must be {kind.__name__}, got {value!r}")
     try:
         if kind is int and isinstance(value, float) and not value.is_integer():
             raise ValueError
@@ -161,12 +196,19 @@ def _coerce(name: str, value: Any, kind: type, where: str) -> Any:
 
 _FIELD_TYPES: dict[str, type] = {
     "np": int, "ssh_port": int, "cache_capacity": int,
+    "max_restarts": int, "min_np": int, "max_np": int, "slots_per_host": int, "elastic_timeout": float,
+    "elastic_dir": str, "host_discovery_script": str,
     "start_timeout": float, "fusion_threshold_mb": float, "cycle_time_ms": float,
     "stall_check_warning_time_seconds": float, "stall_check_shutdown_time_seconds": float,
     "verbose": bool, "hierarchical_allreduce": bool, "timeline_mark_cycles": bool,
     "hosts": str, "hostfile": str, "ssh_identity_file": str, "network_interfaces": str,
     "output_filename": str, "log_level": str, "mpi_args": str, "timeline_filename": str,
 }
+
+
+def split_interfaces(value: str) -> list[str]:
+    """``"eth0, ib0"`` -> ``["eth0", "ib0"]`` (each is checked by :func:`validate`)."""
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> LaunchSettings:
@@ -189,6 +231,7 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
     merged: dict[str, Any] = {}
     ignored: list[str] = []
     if ns.config_file:
+        checks.check_path(ns.config_file, "--config-file")
         from_file, ignored = config_values(load_config_file(ns.config_file), ns.config_file)
         for name, value in from_file.items():
             merged[name] = _coerce(name, value, _FIELD_TYPES[name], f"config file {ns.config_file}")
@@ -205,7 +248,7 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         if name in ("config_file",):
             continue
         if name == "network_interfaces":
-            value = [v.strip() for v in str(value).split(",") if v.strip()]
+            value = split_interfaces(str(value))
         elif name == "mpi_args":
             try:
                 value = shlex.split(str(value))
@@ -217,6 +260,8 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
     settings.show_version = bool(version)
     if "start_timeout" not in merged and environ.get("HOROVOD_START_TIMEOUT"):
         settings.start_timeout = _coerce("HOROVOD_START_TIMEOUT", environ["HOROVOD_START_TIMEOUT"], float, "environment")
+    if "elastic_timeout" not in merged and environ.get("HOROVOD_ELASTIC_TIMEOUT"):
+        settings.elastic_timeout = _coerce("HOROVOD_ELASTIC_TIMEOUT", environ["HOROVOD_ELASTIC_TIMEOUT"], float, "environment")
     settings.verbose = bool(settings.verbose)
     settings.check_build = bool(settings.check_build)
     validate(settings)
@@ -224,7 +269,13 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
 
 
 def validate(s: LaunchSettings) -> None:
-    """Range checks that argparse cannot express; raises UsageError."""
+    """Range and safety checks that argparse cannot express; raises UsageError.
+
+    The command line, ``--config-file`` and ``smdist_tf.run`` settings all pass here, so
+    a value from a file gets the same checks as one typed on the command line. Host names
+    are checked where the host list is parsed. ``ssh_identity_file`` becomes the absolute
+    path passed to ssh.
+    """
     if s.check_build or s.show_version:
         return
     if not s.command:
@@ -233,12 +284,76 @@ def validate(s: LaunchSettings) -> None:
         raise UsageError(f"-np must be at least 1, got {s.np}")
     if s.hosts and s.hostfile:
         raise UsageError("give either -H/--hosts or --hostfile, not both")
-    if s.ssh_port is not None and not 0 < s.ssh_port < 65536:
-        raise UsageError(f"--ssh-port must be 1..65535, got {s.ssh_port}")
-    if s.start_timeout <= 0:
+    if s.ssh_port is not None and (type(s.ssh_port) is not int or not 0 < s.ssh_port < 65536):
+        raise UsageError(f"--ssh-port must be an integer 1..65535, got {s.ssh_port!r}")
+    if s.ssh_identity_file is not None:
+        s.ssh_identity_file = checks.check_identity_file(s.ssh_identity_file)
+    for flag, path in (("--hostfile", s.hostfile), ("--output-filename", s.output_filename),
+                       ("--timeline-filename", s.timeline_filename)):
+        if path is not None:
+            checks.check_path(path, flag)
+    if not isinstance(s.network_interfaces, list) or not all(isinstance(n, str) for n in s.network_interfaces):
+        raise UsageError(f"--network-interfaces must be a list of names, got {s.network_interfaces!r}")
+    for interface in s.network_interfaces:
+        checks.check_interface(interface)
+    if not (math.isfinite(s.start_timeout) and s.start_timeout > 0):
         raise UsageError(f"--start-timeout must be positive, got {s.start_timeout:g}")
     for name in ("fusion_threshold_mb", "cycle_time_ms", "cache_capacity",
                  "stall_check_warning_time_seconds", "stall_check_shutdown_time_seconds"):
         value = getattr(s, name)
-        if value is not None and value < 0:
-            raise UsageError(f"--{name.replace('_', '-')} must not be negative, got {value:g}")
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"--{name.replace('_', '-')} must be a finite number, not negative, got {value:g}")
+    validate_restarts(s)
+
+
+def _check_int(value: Any, flag: str, least: int) -> None:
+    if type(value) is not int or value < least:
+        raise UsageError(f"{flag} must be an integer of at least {least}, got {value!r}")
+
+
+def validate_restarts(s: LaunchSettings) -> None:
+    """Checks the restart and elastic settings; makes the paths absolute (the ranks may run elsewhere).
+
+    Raises:
+        UsageError: a negative count, --min-np above --max-np, elastic flags without a
+            discovery script, a discovery script beside -H/--hostfile, or a script that
+            is not an executable file.
+    """
+    if s.max_restarts is not None:
+        _check_int(s.max_restarts, "--max-restarts", 0)
+    if s.elastic_dir is not None:
+        s.elastic_dir = os.path.abspath(checks.check_path(s.elastic_dir, "--elastic-dir"))
+    if not (isinstance(s.elastic_timeout, (int, float)) and math.isfinite(s.elastic_timeout) and s.elastic_timeout > 0):
+        raise UsageError(f"--elastic-timeout must be positive, got {s.elastic_timeout!r}")
+    for flag, value in (("--min-np", s.min_np), ("--max-np", s.max_np)):
+        if value is not None:
+            _check_int(value, flag, 1)
+    _check_int(s.slots_per_host, "--slots-per-host", 1)
+    if s.host_discovery_script is None:
+        given = [flag for flag, value in (("--min-np", s.min_np), ("--max-np", s.max_np)) if value is not None]
+        if s.slots_per_host != 1:
+            given.append("--slots-per-host")
+        if given:
+            raise UsageError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --host-discovery-script "
+                             "(elastic training takes its hosts from the script)")
+        return
+    if s.hosts or s.hostfile:
+        raise UsageError("give either --host-discovery-script or -H/--hostfile, not both")
+    if s.max_np is not None and min_np(s) > s.max_np:
+        raise UsageError(f"{'--min-np' if s.min_np else '-np'} {min_np(s)} is larger than --max-np {s.max_np}")
+    script = os.path.abspath(checks.check_path(s.host_discovery_script, "--host-discovery-script"))
+    if not (os.path.isfile(script) and os.access(script, os.X_OK)):
+        raise UsageError(f"--host-discovery-script {s.host_discovery_script!r} is not an executable file")
+    s.host_discovery_script = script
+
+
+def min_np(s: LaunchSettings) -> int:
+    """The fewest ranks an elastic start waits for: --min-np, else -np, else 1 (as horovodrun)."""
+    return s.min_np or s.np or 1
+
+
+def effective_max_restarts(s: LaunchSettings) -> int:
+    """--max-restarts, else a few restarts with a discovery script, else none."""
+    if s.max_restarts is not None:
+        return s.max_restarts
+    return DEFAULT_DISCOVERY_RESTARTS if s.host_discovery_script else 0

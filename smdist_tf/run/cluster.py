@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from smdist_tf.run.errors import UsageError
-from smdist_tf.run.hosts import Host
+from smdist_tf.run.hosts import Host, check_host_name
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,9 @@ def detect_sagemaker(env: Mapping[str, str]) -> ClusterInfo | None:
 
     Slots per host: ``SM_NUM_GPUS`` when positive (one rank per GPU), otherwise
     ``SM_NUM_CPUS``, otherwise this machine's core count (SageMaker clusters are homogeneous).
+
+    Raises:
+        UsageError: when ``SM_HOSTS`` is not a JSON list of valid host names.
     """
     raw = env.get("SM_HOSTS")
     if not raw:
@@ -66,7 +69,8 @@ def detect_sagemaker(env: Mapping[str, str]) -> ClusterInfo | None:
         or 1
     )
     # SageMaker names hosts algo-1, algo-2, ...; sorting keeps algo-1 the leader.
-    return ClusterInfo("sagemaker", [Host(n, slots) for n in sorted(names)], env.get("SM_CURRENT_HOST"))
+    hosts = [Host(check_host_name(n, "SM_HOSTS"), slots) for n in sorted(names)]
+    return ClusterInfo("sagemaker", hosts, env.get("SM_CURRENT_HOST"))
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -139,11 +143,14 @@ def detect_slurm(env: Mapping[str, str]) -> ClusterInfo | None:
     Slots per node, first found: ``SLURM_NTASKS_PER_NODE`` (uniform),
     ``SLURM_TASKS_PER_NODE`` (per node), ``SLURM_NTASKS`` spread evenly,
     ``SLURM_CPUS_ON_NODE``, else one.
+
+    Raises:
+        UsageError: on a malformed node list or task count, or a node name that is not a host name.
     """
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not nodelist:
         return None
-    names = expand_nodelist(nodelist)
+    names = [check_host_name(n, f"SLURM_JOB_NODELIST {nodelist!r}") for n in expand_nodelist(nodelist)]
     if not names:
         raise UsageError(f"SLURM_JOB_NODELIST {nodelist!r} names no nodes")
     per_node = _positive_int(env.get("SLURM_NTASKS_PER_NODE"))

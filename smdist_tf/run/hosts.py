@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import ipaddress
 import re
 import socket
 from dataclasses import dataclass
@@ -12,7 +13,10 @@ from smdist_tf.run.errors import UsageError
 
 # Names every resolver treats as this machine without a lookup.
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
-_HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$|^\[?[0-9A-Fa-f:]+\]?$")
+# Host names reach ssh as its destination argument: a leading '-' would make one an
+# option, and '@', whitespace or shell characters have no place in a name.
+_HOSTNAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
+_IPV6_CHARS_RE = re.compile(r"[0-9A-Fa-f:.]+")
 _RESOLVE_TIMEOUT_S = 5.0
 
 
@@ -27,10 +31,30 @@ class Host:
         return f"{self.name}:{self.slots}"
 
 
-def _check_name(name: str, where: str) -> str:
-    if not name or not _HOSTNAME_RE.match(name):
-        raise UsageError(f"bad host name {name!r} in {where}")
-    return name
+def _is_ipv6(name: str) -> bool:
+    address = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    # The character check first: ipaddress accepts any text after '%' as a scope id.
+    if not _IPV6_CHARS_RE.fullmatch(address):
+        return False
+    try:
+        ipaddress.IPv6Address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def check_host_name(name: str, where: str) -> str:
+    """Returns ``name`` if it is a host name, an IPv4 address or an (optionally bracketed) IPv6 address.
+
+    A host name starts with a letter or digit and has only letters, digits, '.', '-' and '_'.
+
+    Raises:
+        UsageError: otherwise, saying where the name came from.
+    """
+    if _HOSTNAME_RE.fullmatch(name) or _is_ipv6(name):
+        return name
+    raise UsageError(f"bad host name {name!r} in {where}: expected a host name (letters, digits, "
+                     "'.', '-', '_', not starting with '-') or an IP address")
 
 
 def _check_slots(text: str, where: str) -> int:
@@ -58,7 +82,7 @@ def parse_host_string(spec: str) -> list[Host]:
         if not sep or ":" in name and not name.startswith("["):
             # No slot count (or a bare IPv6 address): one slot.
             name, slots = entry, "1"
-        hosts.append(Host(_check_name(name, f"host list {spec!r}"), _check_slots(slots, f"host list {spec!r}")))
+        hosts.append(Host(check_host_name(name, f"host list {spec!r}"), _check_slots(slots, f"host list {spec!r}")))
     return merge_duplicates(hosts)
 
 
@@ -90,7 +114,7 @@ def parse_hostfile(path: str) -> list[Host]:
             name, slots = fields[0], fields[1].split("=", 1)[1]
         else:
             raise UsageError(f"bad {where}: {raw.strip()!r} (expected 'hostname slots=N')")
-        hosts.append(Host(_check_name(name, where), _check_slots(slots, where)))
+        hosts.append(Host(check_host_name(name, where), _check_slots(slots, where)))
     if not hosts:
         raise UsageError(f"hostfile {path} lists no hosts")
     return merge_duplicates(hosts)

@@ -1,8 +1,9 @@
 """``smdistrun``: start a smdist_tf job over mpirun, on this machine or many.
 
 ``main()`` is the console script; ``plan()`` turns settings into an mpirun
-command without starting anything, and ``launch()`` runs a plan (the
-programmatic ``smdist_tf.run(fn)`` uses both).
+command without starting anything, and ``launch()`` runs a plan;
+``restarts.run_with_restarts()`` plans and launches again after a failure (both
+``main()`` and the programmatic ``smdist_tf.run(fn)`` go through it).
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from typing import IO, Mapping
 from smdist_tf.run import cluster, hosts as hostlib
 from smdist_tf.run.args import LaunchSettings, parse_args
 from smdist_tf.run.errors import UsageError
-from smdist_tf.run.mpi_command import MpiJob, build_command, detect_flavour, exported_names, find_mpirun
+from smdist_tf.run.mpi_command import (
+    MpiJob, build_command, detect_flavour, exported_names, find_mpirun, launcher_env,
+)
 from smdist_tf.run.rank_agent import TOKEN_ENV
 from smdist_tf.run.supervisor import Outcome, Supervisor
 from smdist_tf.run.tuning_env import tuning_env
 
 RANK_AGENT = str(Path(__file__).resolve().parent / "rank_agent.py")
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
@@ -41,7 +44,8 @@ class LaunchPlan:
     notes: list[str]  # what the launcher decided, shown with --verbose
 
 
-def _say(stream: IO, text: str) -> None:
+def say(stream: IO, text: str) -> None:
+    """Writes one ``smdistrun: ...`` line and flushes it."""
     stream.write(f"smdistrun: {text}\n")
     stream.flush()
 
@@ -74,13 +78,15 @@ class _NotLeader(Exception):
     pass
 
 
-def plan(s: LaunchSettings, environ: Mapping[str, str] | None = None, rank_command: list[str] | None = None) -> LaunchPlan:
+def plan(s: LaunchSettings, environ: Mapping[str, str] | None = None, rank_command: list[str] | None = None,
+         rank_env: Mapping[str, str] | None = None) -> LaunchPlan:
     """Checks the settings against hosts and MPI and builds the mpirun command; starts nothing.
 
     Args:
         s: parsed settings.
         environ: the environment to launch with; ``os.environ`` when None.
         rank_command: what each rank runs; ``s.command`` when None.
+        rank_env: variables every rank must see, also on remote hosts (the restart count, ...).
 
     Raises:
         UsageError: unknown host, -np larger than the slots, no mpirun, ...
@@ -109,7 +115,7 @@ def plan(s: LaunchSettings, environ: Mapping[str, str] | None = None, rank_comma
     notes.append(f"MPI: {flavour.name} {flavour.version} ({mpirun})")
 
     token = secrets.token_hex(8)
-    extra = tuning_env(s)
+    extra = {**tuning_env(s), **(rank_env or {})}
     extra[TOKEN_ENV] = token
     extra["PYTHONUNBUFFERED"] = environ.get("PYTHONUNBUFFERED", "1")
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -128,6 +134,9 @@ def plan(s: LaunchSettings, environ: Mapping[str, str] | None = None, rank_comma
         export=exported_names(env, remote, [k for k in extra if not k.startswith("OMPI_")]),
         as_root=as_root and flavour.name == "openmpi",
     )
+    for name, value in launcher_env(job).items():
+        env[name] = value  # for mpirun only: not in job.export
+        notes.append(f"{name}={shlex.quote(value)}")
     if s.ignored_config:
         notes.append(f"config entries not used by smdist_tf: {', '.join(s.ignored_config)}")
     return LaunchPlan(build_command(job), env, np, token, s.start_timeout, notes)
@@ -141,12 +150,12 @@ def launch(p: LaunchPlan, verbose: bool = False, stdout: IO | None = None, stder
     err = stderr or sys.stderr
     if verbose:
         for note in p.notes:
-            _say(err, note)
-        _say(err, shlex.join(p.command))
+            say(err, note)
+        say(err, shlex.join(p.command))
     sup = Supervisor(p.command, p.env, p.np, p.token, p.start_timeout, stdout, stderr)
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in _STOP_SIGNALS:
+        for sig in STOP_SIGNALS:
             previous[sig] = signal.signal(sig, lambda signum, _frame: sup.interrupt(signum))
     try:
         outcome = sup.run()
@@ -155,9 +164,9 @@ def launch(p: LaunchPlan, verbose: bool = False, stdout: IO | None = None, stder
             signal.signal(sig, handler)
     if outcome.exit_code != 0 and outcome.failed_rank is not None and outcome.reason is None:
         host = outcome.started.get(outcome.failed_rank.rank)
-        _say(err, f"{outcome.failed_rank.describe(host)}; the other ranks were stopped")
+        say(err, f"{outcome.failed_rank.describe(host)}; the other ranks were stopped")
     elif outcome.exit_code != 0 and outcome.reason and not outcome.reason.startswith(("interrupted", "only ")):
-        _say(err, outcome.reason)
+        say(err, outcome.reason)
     return outcome
 
 
@@ -165,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     """The ``smdistrun`` command. Returns the exit code (the failed rank's code on failure).
 
     Exit codes: 0 success; 2 bad usage (nothing was started); the first failing rank's
-    code; 128+N when stopped by signal N; 1 when the ranks did not all start in time.
+    code; 128+N when stopped by signal N; 1 when the ranks did not all start in time,
+    or host discovery found too few slots before the first start. With restarts, the
+    last attempt's code.
     """
     try:
         s = parse_args(argv)
@@ -178,16 +189,18 @@ def main(argv: list[str] | None = None) -> int:
             from smdist_tf.run.check_build import print_check_build  # noqa: PLC0415
 
             return print_check_build()
-        p = plan(s)
+        from smdist_tf.run.restarts import run_with_restarts  # noqa: PLC0415 - it builds on plan() and launch()
+
+        # Raises UsageError only while planning the first attempt, before anything started.
+        return run_with_restarts(s).outcome.exit_code
     except UsageError as e:
-        _say(sys.stderr, f"error: {e}")
+        say(sys.stderr, f"error: {e}")
         return 2
     except _NotLeader as e:
-        _say(sys.stderr, str(e))
+        say(sys.stderr, str(e))
         return 0
     except KeyboardInterrupt:  # Ctrl-C before any rank was started
         return 128 + signal.SIGINT
-    return launch(p, verbose=s.verbose).exit_code
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from smdist_tf.run.checks import ENV_NAME_RE, check_interface, check_word
 from smdist_tf.run.errors import UsageError
 from smdist_tf.run.hosts import Host, hosts_string
 
@@ -91,7 +92,7 @@ def exported_names(environ: Mapping[str, str], remote: bool, always: list[str]) 
     if remote:
         for name in sorted(environ):
             if (name not in _NOT_EXPORTED and not name.startswith(_NOT_EXPORTED_PREFIXES)
-                    and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and "\n" not in environ[name]
+                    and ENV_NAME_RE.fullmatch(name) and "\n" not in environ[name]
                     and name not in names):
                 names.append(name)
     return names
@@ -120,13 +121,15 @@ class MpiJob:
     as_root: bool = False
 
 
-def _ssh_command(job: MpiJob) -> str:
-    parts = []
+def _ssh_options(job: MpiJob) -> list[str]:
+    # Both MPIs take these as one string they split on whitespace, so each must be one
+    # word; checked here too, whoever built the job.
+    options = []
     if job.ssh_port:
-        parts += ["-p", str(job.ssh_port)]
+        options += ["-p", str(int(job.ssh_port))]
     if job.ssh_identity_file:
-        parts += ["-i", job.ssh_identity_file]
-    return " ".join(parts)
+        options += ["-i", check_word(job.ssh_identity_file, "ssh identity file")]
+    return options
 
 
 def build_openmpi(job: MpiJob) -> list[str]:
@@ -147,11 +150,11 @@ def build_openmpi(job: MpiJob) -> list[str]:
     if not _has_flag(job.mpi_args, "--map-by", "-map-by"):
         cmd += ["--map-by", "slot"]
     launcher_mca = ["--prtemca"] if v5 else ["--mca"]
-    ssh_args = _ssh_command(job)
-    if ssh_args:
-        cmd += launcher_mca + ["plm_ssh_args" if v5 else "plm_rsh_args", ssh_args]
+    ssh_options = _ssh_options(job)
+    if ssh_options:
+        cmd += launcher_mca + ["plm_ssh_args" if v5 else "plm_rsh_args", " ".join(ssh_options)]
     if job.network_interfaces:
-        ifaces = ",".join(job.network_interfaces)
+        ifaces = ",".join(check_interface(name) for name in job.network_interfaces)
         cmd += ["--mca", "btl_tcp_if_include", ifaces]
         cmd += launcher_mca + ["oob_tcp_if_include", ifaces]
     for name in job.export:
@@ -164,17 +167,30 @@ def build_mpich(job: MpiJob) -> list[str]:
     cmd = [job.mpirun, "-n", str(job.np)]
     if job.hosts:
         cmd += ["-hosts", hosts_string(job.hosts)]
-    ssh_args = _ssh_command(job)
-    if ssh_args:
-        cmd += ["-launcher", "ssh", "-launcher-exec", f"ssh {ssh_args}"]
+    if _ssh_options(job):
+        cmd += ["-launcher", "ssh"]  # the options themselves go in launcher_env()
     if job.network_interfaces:
-        cmd += ["-iface", job.network_interfaces[0]]  # Hydra takes one interface
+        cmd += ["-iface", check_interface(job.network_interfaces[0])]  # Hydra takes one interface
     # Hydra forwards the whole environment by default; -genv states our values explicitly.
     for name in job.export:
         if name in job.env:
             cmd += ["-genv", name, job.env[name]]
     # Hydra oversubscribes and does not bind by default, which is what we want.
     return cmd + job.mpi_args + job.rank_command
+
+
+def launcher_env(job: MpiJob) -> dict[str, str]:
+    """Variables mpirun itself must see: Hydra's ssh options (Open MPI needs none).
+
+    Hydra's ``-launcher-exec`` names the ssh executable, it takes no arguments; Hydra adds
+    the words of ``HYDRA_LAUNCHER_EXTRA_ARGS`` (Intel MPI: ``I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS``)
+    to each ssh command instead.
+    """
+    ssh_options = _ssh_options(job)
+    if job.flavour.name != "mpich" or not ssh_options:
+        return {}
+    words = " ".join(ssh_options)
+    return {"HYDRA_LAUNCHER_EXTRA_ARGS": words, "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": words}
 
 
 def build_command(job: MpiJob) -> list[str]:

@@ -10,9 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from smdist_tf.run.args import LaunchSettings, validate
+from smdist_tf.run.args import LaunchSettings, split_interfaces, validate
+from smdist_tf.run.checks import check_environment
 from smdist_tf.run.errors import UsageError
-from smdist_tf.run.launcher import launch, plan
+from smdist_tf.run.restarts import run_with_restarts
 
 RANK_ENTRY = str(Path(__file__).resolve().parent / "rank_entry.py")
 
@@ -59,12 +60,14 @@ def run(
         np: number of ranks.
         hosts: ``host:slots,...`` as for ``smdistrun -H``; this machine when None.
         hostfile: a hostfile instead of ``hosts``.
-        env: extra environment variables for the ranks.
+        env: extra environment variables for the ranks (names must be identifiers).
         verbose: print the mpirun command.
         start_timeout: seconds for all ranks to start.
         tmp_dir: where the job directory is created (default: the system temp dir).
         **tuning: any other ``smdistrun`` setting by its long-flag name, e.g.
-            ``fusion_threshold_mb=32``, ``hierarchical_allreduce=True``, ``mpi_args="..."``.
+            ``fusion_threshold_mb=32``, ``hierarchical_allreduce=True``, ``mpi_args="..."``,
+            ``max_restarts=2`` (``fn`` then runs again on every rank after a rank failed;
+            the results are those of the last attempt).
 
     Returns:
         ``[result of rank 0, result of rank 1, ...]``.
@@ -81,9 +84,12 @@ def run(
             import shlex  # noqa: PLC0415
 
             value = shlex.split(value)
+        elif name == "network_interfaces" and isinstance(value, str):
+            value = split_interfaces(value)  # as the command line does: "eth0,eth1"
         setattr(settings, name, value)
     settings.command = [sys.executable, RANK_ENTRY]
     validate(settings)
+    check_environment(env or {}, "smdist_tf.run env")
 
     job_dir = tempfile.mkdtemp(prefix="smdist_run_", dir=tmp_dir)
     try:
@@ -100,10 +106,18 @@ def run(
                 raise UsageError(f"smdist_tf.run: cannot pickle fn or its arguments ({e}); "
                                  "fn must be a module-level function") from None
 
+        def forget_last_attempt(_restarts: int) -> None:
+            # A restarted job must not report an earlier attempt's results or tracebacks.
+            for stale in Path(job_dir).glob("result.*.pkl"):
+                stale.unlink()
+            for stale in Path(job_dir).glob("error.*.txt"):
+                stale.unlink()
+
         environ = {**os.environ, **(env or {})}
-        p = plan(settings, environ, rank_command=[sys.executable, RANK_ENTRY, job_dir])
-        outcome = launch(p, verbose=verbose)
-        if outcome.exit_code != 0:
+        job = run_with_restarts(settings, environ, rank_command=[sys.executable, RANK_ENTRY, job_dir],
+                                before_attempt=forget_last_attempt)
+        outcome = job.outcome
+        if outcome.exit_code != 0 or job.plan is None:
             failed = outcome.failed_rank.rank if outcome.failed_rank else None
             detail = ""
             if failed is not None:
@@ -112,7 +126,7 @@ def run(
             what = outcome.failed_rank.describe() if outcome.failed_rank else (outcome.reason or "the job failed")
             raise RunError(f"smdist_tf.run: {what}{detail}", outcome.exit_code, failed)
         results = []
-        for rank in range(p.np):
+        for rank in range(job.plan.np):
             path = Path(job_dir, f"result.{rank}.pkl")
             if not path.exists():
                 raise RunError(f"smdist_tf.run: rank {rank} left no result in {job_dir} "

@@ -8,8 +8,12 @@ Between mpirun and the user's program it:
 * tells the launcher when the rank started and how it ended, with marker lines on
   stderr that carry the launch's token (the launcher removes them from the output),
   so the launcher can name the rank that failed first and enforce ``--start-timeout``;
-* forwards termination signals to the program, and kills it if mpirun or its daemon
-  disappears, so no rank outlives the job.
+* forwards termination signals to the program and the processes it started (its own
+  process group), and kills them if mpirun or its daemon disappears, so no rank
+  outlives the job;
+* passes on the program's own word that its failure only echoes another rank's (an
+  ``ECHO_EVENT`` marker line smdist_tf writes on stderr): such an exit is reported as
+  stopped, so the launcher names the rank that failed first.
 
 Started as ``python rank_agent.py [--output-dir DIR] -- command ...``; running it by
 path keeps each rank's start cheap (no package import, no TensorFlow).
@@ -17,6 +21,7 @@ path keeps each rank's start cheap (no package import, no TensorFlow).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -24,9 +29,11 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable
 
 MARKER = "@smdistrun@"
 TOKEN_ENV = "SMDISTRUN_TOKEN"
+ECHO_EVENT = "failed-because-of-peer"
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _KILL_GRACE_S = 3.0
@@ -50,27 +57,44 @@ def marker(event: str) -> None:
         pass
 
 
-def _set_parent_death_signal() -> None:
-    # Linux: the program gets SIGKILL if this agent dies, even by SIGKILL.
-    try:
-        import ctypes
+def parent_death_signal(signum: int) -> Callable[[], None]:
+    """A ``preexec_fn`` for Popen: the child gets ``signum`` when its parent dies, even by SIGKILL (Linux).
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort outside Linux
-        pass
+    Linux counts the parent as dead when the thread that started the child ends, so
+    start the child from a thread that outlives it.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
+    except (OSError, AttributeError):  # not Linux: best effort
+        prctl = None
+
+    def set_it() -> None:
+        if prctl is not None:
+            prctl(1, signum)  # PR_SET_PDEATHSIG
+
+    return set_it
 
 
 class _Pump(threading.Thread):
-    """Copies one pipe to our stream, a tag before each line, and optionally to a file."""
+    """Copies one pipe to our stream, a tag before each line, and optionally to a file.
 
-    def __init__(self, pipe, stream, tag: bytes, copy_path: str | None, lock: threading.Lock):
+    Lines that are the program's marker ``echo_line`` are not copied: they set ``echoed``.
+    """
+
+    def __init__(self, pipe, stream, tag: bytes, copy_path: str | None, lock: threading.Lock,
+                 echo_line: bytes | None = None):
         super().__init__(daemon=True)
         self.pipe, self.stream, self.tag, self.lock = pipe, stream, tag, lock
         self.copy = open(copy_path, "wb") if copy_path else None  # noqa: SIM115 - closed in run()
+        self.echo_line = echo_line
+        self.echoed = False
 
     def run(self) -> None:
         try:
             for line in iter(self.pipe.readline, b""):
+                if self.echo_line is not None and line.rstrip(b"\n") == self.echo_line:
+                    self.echoed = True
+                    continue
                 if not line.endswith(b"\n"):
                     line += b"\n"  # a final partial line still gets a line of its own
                 with self.lock:
@@ -111,8 +135,10 @@ def main(argv: list[str]) -> int:
     parent = os.getppid()
     stopped = threading.Event()
     try:
+        # A process group of its own: signals reach whatever the program started too.
         child = subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_set_parent_death_signal
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=parent_death_signal(signal.SIGKILL),
+            process_group=0,
         )
     except OSError as e:
         sys.stderr.write(f"[{rank}]<stderr>:smdistrun: cannot start {argv[0]!r}: {e.strerror}\n")
@@ -120,34 +146,38 @@ def main(argv: list[str]) -> int:
         marker(f"exit {rank} 127 0 0")
         return 127
 
-    def forward(signum, _frame):
-        stopped.set()
+    def signal_program(signum: int) -> None:
         try:
-            child.send_signal(signum)
+            os.killpg(child.pid, signum)
         except ProcessLookupError:
             pass
+
+    def forward(signum, _frame):
+        stopped.set()
+        signal_program(signum)
 
     for sig in _FORWARDED:
         signal.signal(sig, forward)
 
     def watch_parent() -> None:
-        # mpirun (or its daemon) gone without stopping us: stop the program, then kill it.
+        # mpirun (or its daemon) gone without stopping us: stop the program and what it
+        # started, then kill whatever is left.
         while child.poll() is None:
             if os.getppid() != parent:
                 stopped.set()
-                child.terminate()
+                signal_program(signal.SIGTERM)
                 deadline = time.monotonic() + _KILL_GRACE_S
                 while child.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.1)
-                if child.poll() is None:
-                    child.kill()
+                signal_program(signal.SIGKILL)
                 return
             time.sleep(0.5)
 
     lock_out, lock_err = threading.Lock(), threading.Lock()
     pumps = [
         _Pump(child.stdout, sys.stdout.buffer, f"[{rank}]<stdout>:".encode(), stdout_copy, lock_out),
-        _Pump(child.stderr, sys.stderr.buffer, f"[{rank}]<stderr>:".encode(), stderr_copy, lock_err),
+        _Pump(child.stderr, sys.stderr.buffer, f"[{rank}]<stderr>:".encode(), stderr_copy, lock_err,
+              echo_line=f"{MARKER}{os.environ.get(TOKEN_ENV, '')} {ECHO_EVENT}".encode()),
     ]
     for pump in pumps:
         pump.start()
@@ -157,7 +187,8 @@ def main(argv: list[str]) -> int:
         pump.join(timeout=5.0)  # a grandchild may hold the pipe open; do not wait forever
     signum = -code if code < 0 else 0
     exit_code = 128 + signum if signum else code
-    marker(f"exit {rank} {exit_code} {signum} {int(stopped.is_set())}")
+    echoed = pumps[1].echoed
+    marker(f"exit {rank} {exit_code} {signum} {int(stopped.is_set() or echoed)}")
     return exit_code
 
 

@@ -2,7 +2,7 @@
 
 Reads ``call.pkl`` from the job directory given as the only argument, calls the
 function, and writes ``result.<rank>.pkl`` (or ``error.<rank>.txt`` with the
-traceback, exiting 1).
+traceback, exiting 1, or with the code ``fn`` passed to ``sys.exit``).
 """
 
 from __future__ import annotations
@@ -46,9 +46,13 @@ def main(job_dir: str) -> int:
             fn, args, kwargs = pickle.load(f)
         result = fn(*args, **kwargs)
         _write_atomically(os.path.join(job_dir, f"result.{rank}.pkl"), pickle.dumps(result))
-    except BaseException:  # noqa: BLE001 - report everything, including SystemExit
+    except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit
         _write_atomically(os.path.join(job_dir, f"error.{rank}.txt"), traceback.format_exc().encode())
-        traceback.print_exc()
+        if isinstance(e, SystemExit):
+            # fn called sys.exit(code): the rank exits with that code (no result to return).
+            return e.code if isinstance(e.code, int) and e.code != 0 else 1
+        # The hook, not print_exc: smdist_tf's shortens a failure that only echoes another rank's.
+        sys.excepthook(*sys.exc_info())
         return 1
     return 0
 

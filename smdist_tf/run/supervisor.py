@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import IO
 
-from smdist_tf.run.rank_agent import MARKER
+from smdist_tf.run.rank_agent import MARKER, parent_death_signal
 
 STOP_GRACE_S = 5.0  # after SIGTERM, how long mpirun gets before SIGKILL
-FAILURE_STOP_S = 5.0  # after a rank fails, how long mpirun gets to stop the rest itself
+FAILURE_STOP_S = 1.0  # after a rank fails, how long mpirun gets to stop the rest itself
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,8 @@ class Outcome:
     reason: str | None = None
     started: dict[int, str] = field(default_factory=dict)  # rank -> host
     exits: dict[int, RankExit] = field(default_factory=dict)
+    interrupted_by: int | None = None  # the signal that stopped smdistrun itself
+    start_timed_out: bool = False
 
 
 def _write(stream: IO, data: bytes) -> None:
@@ -119,9 +121,10 @@ class Supervisor:
     def run(self) -> Outcome:
         """Runs the job to the end; returns its Outcome."""
         # A session of its own: our Ctrl-C reaches mpirun only through us, and
-        # the process group lets us kill everything mpirun started locally.
+        # the process group lets us kill everything mpirun started locally. If we
+        # die, even by SIGKILL, mpirun gets SIGTERM and stops the ranks.
         self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=parent_death_signal(signal.SIGTERM))
         pumps = [threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout), daemon=True),
                  threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr), daemon=True)]
         for pump in pumps:
@@ -156,6 +159,7 @@ class Supervisor:
             if len(outcome.started) < self.np and now > start_deadline and not stopping:
                 outcome.reason = (f"only {len(outcome.started)} of {self.np} ranks started within "
                                   f"{self.start_timeout:g} s (--start-timeout)")
+                outcome.start_timed_out = True
                 _write(self.stderr, f"smdistrun: {outcome.reason}; stopping the job\n".encode())
                 stopping = True
                 threading.Thread(target=self._terminate, daemon=True).start()
@@ -183,6 +187,7 @@ class Supervisor:
 
     def _exit_code(self, outcome: Outcome, mpirun_code: int) -> int:
         if self.interrupted is not None:
+            outcome.interrupted_by = self.interrupted
             return 128 + self.interrupted
         if outcome.failed_rank is not None:
             return outcome.failed_rank.code
