@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from smdist_tf import reduce_ops
 from smdist_tf._native import op_module as _ops
-from smdist_tf.compression import BF16Compressor, Compression, Compressor, FP16Compressor, NoneCompressor
+from smdist_tf.compression import BF16Compressor, Compression, Compressor, FP16Compressor, NoneCompressor, validate as validate_compression
 from smdist_tf.reduce_ops import Average, Max, Min, Product, Sum
 from smdist_tf.runtime import rank, require_initialized, size
 
@@ -30,15 +30,43 @@ _MOVABLE_SET = frozenset(_MOVABLE)
 _ENGINE_COMPRESSION = {NoneCompressor: "none", FP16Compressor: "fp16", BF16Compressor: "bf16"}
 
 
-def _collective_name(kind: str, name: Optional[str], eager: Optional[bool] = None) -> str:
-    """The name ranks use to match this collective (``eager``: whether executing eagerly, when known)."""
-    if name:
-        return name
-    if tf.executing_eagerly() if eager is None else eager:
-        # The kernel numbers each call ("allreduce.noname.7"): a name fixed per kind lets
-        # TensorFlow reuse one kernel instead of building one per call.
-        return f"{kind}.noname"
-    return ""  # the kernel falls back to its node name, unique in the graph
+def _engine_compression(compression: Any) -> Optional[str]:
+    """The engine's name for a built-in compressor, or None for a user's Compressor subclass.
+
+    Raises:
+        TypeError: when ``compression`` is not a compressor at all.
+    """
+    try:
+        found = _ENGINE_COMPRESSION.get(compression)
+    except TypeError:  # unhashable: certainly not a compressor class
+        found = None
+    if found is None:
+        validate_compression(compression)
+    return found
+
+
+# Eager calls pass their name as a ready string tensor: a Python str sends every call
+# down TensorFlow's slow op path (about 35 us more). Cleared when full, so ever new
+# names cannot grow it.
+_NAME_TENSORS: dict[str, tf.Tensor] = {}
+_NAME_TENSORS_MAX = 4096
+
+
+def _collective_name(kind: str, name: Optional[str], eager: Optional[bool] = None) -> Union[str, tf.Tensor]:
+    """The op's ``tensor_name`` input: the name ranks use to match this collective.
+
+    ``eager`` says whether executing eagerly, when the caller knows.
+    """
+    if not (tf.executing_eagerly() if eager is None else eager):
+        return name or ""  # the kernel falls back to its node name, unique in the graph
+    # The kernel numbers each unnamed call ("allreduce.noname.7").
+    key = name or f"{kind}.noname"
+    tensor = _NAME_TENSORS.get(key)
+    if tensor is None:
+        if len(_NAME_TENSORS) >= _NAME_TENSORS_MAX:
+            _NAME_TENSORS.clear()
+        tensor = _NAME_TENSORS[key] = tf.constant(key)
+    return tensor
 
 
 def _unordered(result: Any) -> Any:
@@ -147,7 +175,8 @@ def allreduce(
         average: deprecated; ``True`` means ``op=Average``, ``False`` means ``op=Sum``.
         device_dense: accepted for Horovod compatibility (CPU only today).
         device_sparse: accepted for Horovod compatibility.
-        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` (cast on the wire).
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` (cast on the wire), or a
+            ``Compressor`` subclass; anything else raises TypeError.
         op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
         prescale_factor: multiplies the input before the reduction.
         postscale_factor: multiplies the result after the reduction (and averaging).
@@ -163,7 +192,7 @@ def allreduce(
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_sparse(tensor, op, prescale_factor, postscale_factor, name)
     tensor = _as_tensor(tensor)
-    engine_compression = _ENGINE_COMPRESSION.get(compression)
+    engine_compression = _engine_compression(compression)
     if engine_compression is not None:
         (reduced,) = _allreduce_dense([tensor], op, prescale_factor, postscale_factor, name, engine_compression)
         return reduced
@@ -191,7 +220,7 @@ def grouped_allreduce(
     _check_process_set(process_set)
     op = _resolve_op(average, op)
     tensors = list(tensors)
-    engine_compression = _ENGINE_COMPRESSION.get(compression)
+    engine_compression = _engine_compression(compression)
     if engine_compression is not None and all(isinstance(t, tf.Tensor) for t in tensors):
         # The common case (dense gradients, built-in compression): no per-tensor bookkeeping.
         return _allreduce_dense(tensors, op, prescale_factor, postscale_factor, name, engine_compression)
@@ -337,20 +366,24 @@ def _zeros_for_missing(grads, inputs) -> list:
     return [g if g is not None else tf.zeros_like(x) for g, x in zip(grads, inputs)]
 
 
+# Every collective op's last input is its name (no gradient): gradient functions
+# work on the data inputs, op.inputs[:-1], and return None for the name.
+
+
 @tf.RegisterGradient("SmdistAllreduce")
 def _allreduce_grad(op, *grads):
     reduce_op = op.get_attr("reduce_op")
     pre = op.get_attr("prescale_factor")
     post = op.get_attr("postscale_factor")
-    grads = _zeros_for_missing(grads, op.inputs)
+    xs, ys = list(op.inputs[:-1]), list(op.outputs)
+    grads = _zeros_for_missing(grads, xs)
     if reduce_op in (Sum, Average):
         # d(sum_r pre*x_r)/dx_r = pre; upstream gradients add up over ranks (compressed like the forward).
-        return _allreduce_dense(grads, reduce_op, pre, post, None, op.get_attr("compression").decode())
+        return _allreduce_dense(grads, reduce_op, pre, post, None, op.get_attr("compression").decode()) + [None]
     summed = _allreduce_dense(grads, Sum, 1.0, 1.0, None)
-    xs, ys = list(op.inputs), list(op.outputs)
     if reduce_op in (Min, Max):
-        return _extremum_grads(xs, ys, summed, reduce_op, pre, post)
-    return _product_grads(xs, summed, pre, post)
+        return list(_extremum_grads(xs, ys, summed, reduce_op, pre, post)) + [None]
+    return list(_product_grads(xs, summed, pre, post)) + [None]
 
 
 def _extremum_grads(xs, ys, summed, reduce_op, pre, post):
@@ -389,11 +422,11 @@ def _product_grads(xs, summed, pre, post):
 @tf.RegisterGradient("SmdistBroadcast")
 def _broadcast_grad(op, *grads):
     root = op.get_attr("root_rank")
-    grads = _zeros_for_missing(grads, op.inputs)
+    grads = _zeros_for_missing(grads, op.inputs[:-1])
     summed = _allreduce_dense(grads, Sum, 1.0, 1.0, None)
     if rank() == root:
-        return summed
-    return [tf.zeros_like(g) for g in summed]
+        return summed + [None]
+    return [tf.zeros_like(g) for g in summed] + [None]
 
 
 @tf.RegisterGradient("SmdistAllgather")
@@ -403,7 +436,7 @@ def _allgather_grad(op, grad):
     rows = allgather(tf.shape(x, out_type=tf.int64)[:1])
     start = tf.reduce_sum(rows[: rank()])
     begin = tf.concat([[start], tf.zeros([tf.rank(x) - 1], tf.int64)], axis=0)
-    return tf.slice(summed, begin, tf.shape(x, out_type=tf.int64))
+    return [tf.slice(summed, begin, tf.shape(x, out_type=tf.int64)), None]
 
 
 @tf.RegisterGradient("SmdistAlltoall")
@@ -411,7 +444,7 @@ def _alltoall_grad(op, grad, _received_splits_grad):
     if grad is None:
         grad = tf.zeros_like(op.outputs[0])
     back, _ = alltoall(grad, splits=op.outputs[1])
-    return [back, None]
+    return [back, None, None]
 
 
 @tf.RegisterGradient("SmdistReducescatter")
@@ -423,7 +456,7 @@ def _reducescatter_grad(op, grad):
     if reduce_op == Average:
         scale /= size()
     gathered = allgather(grad)
-    return gathered * tf.cast(scale, gathered.dtype) if scale != 1.0 else gathered
+    return [gathered * tf.cast(scale, gathered.dtype) if scale != 1.0 else gathered, None]
 
 
 tf.no_gradient("SmdistBarrier")

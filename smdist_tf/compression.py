@@ -64,3 +64,18 @@ class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+
+
+def validate(compression: Any) -> type[Compressor]:
+    """Returns ``compression`` when it is a compressor, so a typo fails where it is passed.
+
+    Raises:
+        TypeError: for anything but a ``Compressor`` subclass (``Compression.none``,
+            ``.fp16``, ``.bf16`` or your own), e.g. the string ``"fp16"``.
+    """
+    if isinstance(compression, type) and issubclass(compression, Compressor):
+        return compression
+    raise TypeError(
+        "compression must be smdist_tf.Compression.none, .fp16 or .bf16 (or a Compressor subclass), "
+        f"got {compression!r} ({type(compression).__name__})"
+    )

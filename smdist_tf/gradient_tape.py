@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from smdist_tf import reduce_ops
 from smdist_tf.collectives import grouped_allreduce
-from smdist_tf.compression import Compression, Compressor
+from smdist_tf.compression import Compression, Compressor, validate as validate_compression
 from smdist_tf.reduce_ops import Average, Sum
 from smdist_tf.runtime import size
 
@@ -54,7 +54,7 @@ class DistributedGradientTape:
         if num_groups < 0:
             raise ValueError("num_groups must be >= 0")
         self._tape = gradtape
-        self._compression = compression
+        self._compression = validate_compression(compression)
         self._sparse_as_dense = sparse_as_dense
         self._op = op
         self._predivide = float(gradient_predivide_factor)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
+from smdist_tf import peer_failure
 from smdist_tf._native import build_info, runtime as _rt
 
-_atexit_registered = False
+_owner_exit_hook_registered = False
 
 
 def init(comm: Any = None) -> None:
@@ -15,21 +16,38 @@ def init(comm: Any = None) -> None:
 
     Works without a launcher too: a lone process becomes a job of size 1.
 
+    At exit the engine shuts down with the other ranks and finalizes MPI. A rank
+    that exits with a non-zero status (an exception, ``sys.exit(3)``) instead tells
+    the others why, so their collectives fail at once naming it, and leaves without
+    waiting for them.
+
     Args:
         comm: accepted for Horovod compatibility; only ``None`` (all processes) is supported.
 
     Raises:
         ValueError: if ``comm`` is given.
+        ValueError: if an ``SMDIST_*``/``HOROVOD_*`` setting is malformed (the message names it).
         RuntimeError: if MPI cannot be started.
     """
-    global _atexit_registered
     if comm is not None:
         raise ValueError("smdist_tf.init(comm=...) is not supported: the job always spans all processes")
     _rt.init()
-    if not _atexit_registered:
-        # Stop the engine and finalize MPI on exit so no rank is left waiting on us.
-        atexit.register(_rt.finalize)
-        _atexit_registered = True
+    peer_failure.install()
+    if not _rt.owns_mpi():
+        _stop_before_mpi_owner_exits()
+
+
+def _stop_before_mpi_owner_exits() -> None:
+    """Stops the engine at exit before the library that started MPI (mpi4py) finalizes it.
+
+    The engine's own exit handler runs later, inside ``exit()``, when MPI would be gone.
+    Python runs exit handlers last-registered first, and the MPI owner registered its own
+    when it started MPI, before ``init()``.
+    """
+    global _owner_exit_hook_registered
+    if not _owner_exit_hook_registered:
+        atexit.register(_rt.shutdown)
+        _owner_exit_hook_registered = True
 
 
 def shutdown() -> None:
@@ -123,12 +141,15 @@ def start_timeline(file_path: str) -> None:
     """Starts writing this rank's Chrome-trace timeline to ``file_path``.
 
     Open it in chrome://tracing or https://ui.perfetto.dev: one row per tensor,
-    with negotiation, fusion copy-in/out and the transfer. ``SMDIST_TIMELINE``
-    (or ``HOROVOD_TIMELINE``) starts one at ``init()`` instead, with ``.<rank>``
-    appended (or ``{rank}`` in the path replaced).
+    with negotiation, fusion copy-in/out and the transfer. Each rank writes its
+    own file, named as for ``SMDIST_TIMELINE`` (or ``HOROVOD_TIMELINE``), which
+    starts one at ``init()`` instead: ``{rank}`` in the path is replaced by the
+    rank, otherwise jobs of more than one rank append ``.<rank>``.
 
     Raises:
-        ValueError: if the file cannot be written.
+        ValueError: if the file cannot be written, or the path is a symbolic
+            link (never followed) or an existing non-regular file. An existing
+            regular file is overwritten, with a warning.
     """
     _rt.start_timeline(str(file_path))
 

@@ -157,3 +157,20 @@ def test_copy_alias_emits_json_for_every_copy() -> None:
     assert {r["copy"] for r in records} == {"memcpy", "copy_bytes", "copy_bytes_vector_loop", "process_vm_readv"}
     assert len(records) == 4 * 3 * 5  # copies x sizes x deltas
     assert all(r["seconds"] > 0 for r in records)
+
+
+def test_soak_short_run_samples_and_summarises() -> None:
+    """benchmarks/soak.py for a few seconds on 2 ranks: checks its results as it goes, prints samples and a summary."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TF_CPP_MIN_LOG_LEVEL="2")
+    smdistrun = str(Path(sys.executable).parent / "smdistrun")
+    result = subprocess.run([smdistrun, "-np", "2", sys.executable, str(ROOT / "benchmarks" / "soak.py"),
+                             "--minutes", "0.15", "--sample-seconds", "3", "--warmup-minutes", "0.05"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-5000:]
+    records = [json.loads(line.split(":", 1)[1]) for line in result.stdout.splitlines() if line.startswith("[0]<stdout>:{")]
+    samples = [r for r in records if r["kind"] == "sample"]
+    (summary,) = [r for r in records if r["kind"] == "summary"]
+    assert len(samples) >= 3 and samples[-1]["calls"] > 0
+    assert {"rss_mib", "fds", "threads", "shm_files", "shm_mib"} <= set(samples[0])
+    assert summary["np"] == 2 and summary["calls"] > 0 and "rss_mib_growth" in summary

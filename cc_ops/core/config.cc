@@ -2,79 +2,108 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
-
-#include "logging.h"
 
 namespace smdist {
 namespace {
 
-const char* FirstSet(const char* a, const char* b) {
-  const char* v = std::getenv(a);
-  if (v != nullptr && *v != '\0') return v;
-  v = std::getenv(b);
-  return (v != nullptr && *v != '\0') ? v : nullptr;
+// The variable a value came from (ours or Horovod's), for error messages.
+struct EnvValue {
+  const char* name = nullptr;
+  const char* text = nullptr;
+};
+
+EnvValue FirstSet(const char* ours, const char* horovod) {
+  for (const char* name : {ours, horovod}) {
+    if (name == nullptr) continue;
+    const char* v = std::getenv(name);
+    if (v != nullptr && *v != '\0') return {name, v};
+  }
+  return {};
 }
 
-// A malformed value is reported and ignored rather than silently parsed as 0.
-double ReadDouble(const char* name, const char* horovod_name, double fallback) {
-  const char* v = FirstSet(name, horovod_name);
-  if (v == nullptr) return fallback;
+Status Malformed(const EnvValue& v, const std::string& want) {
+  return Status::InvalidArgument(std::string(v.name) + "='" + v.text + "' is not valid: expected " + want);
+}
+
+// A malformed value fails init(): silently falling back to a default would
+// run the job with settings the user did not ask for.
+Status ReadNumber(const char* ours, const char* horovod, double min, double* out) {
+  const EnvValue v = FirstSet(ours, horovod);
+  if (v.text == nullptr) return Status::OK();
   char* end = nullptr;
-  double d = std::strtod(v, &end);
-  if (end == v || *end != '\0') {
-    LogWarning(std::string("ignoring ") + name + "='" + v + "': not a number");
-    return fallback;
+  const double d = std::strtod(v.text, &end);
+  if (end == v.text || *end != '\0' || !std::isfinite(d)) return Malformed(v, "a number");
+  if (d < min) {
+    return Malformed(v, min == 0 ? "a number of at least 0" : "a number of at least " + std::to_string(min));
   }
-  return d;
+  *out = d;
+  return Status::OK();
+}
+
+// Byte counts and capacities: whole, non-negative numbers ("1e6" is accepted).
+Status ReadCount(const char* ours, const char* horovod, int64_t min, int64_t* out) {
+  const EnvValue v = FirstSet(ours, horovod);
+  if (v.text == nullptr) return Status::OK();
+  double d = 0;
+  SMDIST_RETURN_IF_ERROR(ReadNumber(ours, horovod, -INFINITY, &d));
+  if (d != std::floor(d) || d < static_cast<double>(min) || d > 9.0e18) {
+    return Malformed(v, "a whole number of at least " + std::to_string(min));
+  }
+  *out = static_cast<int64_t>(d);
+  return Status::OK();
+}
+
+Status ReadFlag(const char* ours, const char* horovod, bool* out) {
+  const EnvValue v = FirstSet(ours, horovod);
+  if (v.text == nullptr) return Status::OK();
+  const std::string s = v.text;
+  if (s == "1" || s == "true" || s == "True" || s == "TRUE") {
+    *out = true;
+  } else if (s == "0" || s == "false" || s == "False" || s == "FALSE") {
+    *out = false;
+  } else {
+    return Malformed(v, "1 or 0 (true or false)");
+  }
+  return Status::OK();
 }
 
 }  // namespace
 
-EngineConfig EngineConfig::FromEnvironment() {
+Status EngineConfig::FromEnvironment(EngineConfig* out) {
   EngineConfig c;
-  c.fusion_threshold_bytes = static_cast<int64_t>(ReadDouble(
-      "SMDIST_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD",
-      static_cast<double>(c.fusion_threshold_bytes)));
-  if (c.fusion_threshold_bytes < 0) c.fusion_threshold_bytes = 0;
-  c.cycle_time_ms = ReadDouble("SMDIST_CYCLE_TIME", "HOROVOD_CYCLE_TIME", c.cycle_time_ms);
-  if (c.cycle_time_ms < 0) c.cycle_time_ms = 0;
-  c.stall_check_seconds = ReadDouble("SMDIST_STALL_CHECK_TIME", "HOROVOD_STALL_CHECK_TIME_SECONDS",
-                                     c.stall_check_seconds);
-  c.stall_shutdown_seconds =
-      ReadDouble("SMDIST_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
-                 c.stall_shutdown_seconds);
+  SMDIST_RETURN_IF_ERROR(
+      ReadCount("SMDIST_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", 0, &c.fusion_threshold_bytes));
+  SMDIST_RETURN_IF_ERROR(ReadNumber("SMDIST_CYCLE_TIME", "HOROVOD_CYCLE_TIME", 0, &c.cycle_time_ms));
+  // Zero (or Horovod's negative "off") disables the stall warning and shutdown.
+  SMDIST_RETURN_IF_ERROR(ReadNumber("SMDIST_STALL_CHECK_TIME", "HOROVOD_STALL_CHECK_TIME_SECONDS",
+                                    -INFINITY, &c.stall_check_seconds));
+  SMDIST_RETURN_IF_ERROR(ReadNumber("SMDIST_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+                                    -INFINITY, &c.stall_shutdown_seconds));
   // On by default (unlike Horovod): with several hosts of equal layout, reducing
   // inside each host first sends 1/local_size of the bytes per rank across hosts.
-  c.hierarchical_allreduce = ReadDouble("SMDIST_HIERARCHICAL_ALLREDUCE",
-                                        "HOROVOD_HIERARCHICAL_ALLREDUCE", 1.0) != 0.0;
-  c.shm_segment_bytes = static_cast<int64_t>(
-      ReadDouble("SMDIST_SHM_SEGMENT_BYTES", "SMDIST_SHM_SEGMENT_BYTES",
-                 static_cast<double>(c.shm_segment_bytes)));
-  c.shm_min_bytes = static_cast<int64_t>(ReadDouble("SMDIST_SHM_MIN_BYTES", "SMDIST_SHM_MIN_BYTES",
-                                                    static_cast<double>(c.shm_min_bytes)));
-  c.cross_memory_attach = ReadDouble("SMDIST_CROSS_MEMORY_ATTACH", "SMDIST_CROSS_MEMORY_ATTACH", 1.0) != 0.0;
-  c.cross_memory_min_bytes = static_cast<int64_t>(
-      ReadDouble("SMDIST_CROSS_MEMORY_MIN_BYTES", "SMDIST_CROSS_MEMORY_MIN_BYTES",
-                 static_cast<double>(c.cross_memory_min_bytes)));
-  c.shared_output_bytes = static_cast<int64_t>(
-      ReadDouble("SMDIST_SHARED_OUTPUT_BYTES", "SMDIST_SHARED_OUTPUT_BYTES",
-                 static_cast<double>(c.shared_output_bytes)));
-  if (c.shared_output_bytes < 0) c.shared_output_bytes = 0;
-  c.cache_capacity = static_cast<int64_t>(ReadDouble(
-      "SMDIST_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", static_cast<double>(c.cache_capacity)));
-  if (c.cache_capacity < 0) c.cache_capacity = 0;
-  const char* timeline = FirstSet("SMDIST_TIMELINE", "HOROVOD_TIMELINE");
-  if (timeline != nullptr) c.timeline_path = timeline;
-  const char* host = std::getenv("SMDIST_HOSTNAME");
-  if (host != nullptr && *host != '\0') {
-    c.hostname = host;
+  SMDIST_RETURN_IF_ERROR(
+      ReadFlag("SMDIST_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", &c.hierarchical_allreduce));
+  SMDIST_RETURN_IF_ERROR(ReadCount("SMDIST_SHM_SEGMENT_BYTES", nullptr, 0, &c.shm_segment_bytes));
+  SMDIST_RETURN_IF_ERROR(ReadCount("SMDIST_SHM_MIN_BYTES", nullptr, 0, &c.shm_min_bytes));
+  SMDIST_RETURN_IF_ERROR(ReadFlag("SMDIST_CROSS_MEMORY_ATTACH", nullptr, &c.cross_memory_attach));
+  // -1 (the default) measures the threshold at init.
+  SMDIST_RETURN_IF_ERROR(ReadCount("SMDIST_CROSS_MEMORY_MIN_BYTES", nullptr, -1, &c.cross_memory_min_bytes));
+  SMDIST_RETURN_IF_ERROR(ReadCount("SMDIST_SHARED_OUTPUT_BYTES", nullptr, 0, &c.shared_output_bytes));
+  SMDIST_RETURN_IF_ERROR(ReadCount("SMDIST_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", 0, &c.cache_capacity));
+  const EnvValue timeline = FirstSet("SMDIST_TIMELINE", "HOROVOD_TIMELINE");
+  if (timeline.text != nullptr) c.timeline_path = timeline.text;
+  const EnvValue host = FirstSet("SMDIST_HOSTNAME", nullptr);
+  if (host.text != nullptr) {
+    c.hostname = host.text;
   } else {
     char buf[256] = {0};
     gethostname(buf, sizeof(buf) - 1);
     c.hostname = buf;
   }
-  return c;
+  *out = std::move(c);
+  return Status::OK();
 }
 
 }  // namespace smdist

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "status.h"
+
 namespace smdist {
 
 struct EngineConfig {
@@ -38,7 +40,9 @@ struct EngineConfig {
   int64_t cache_capacity = 1024;
   std::string timeline_path;  // Chrome-trace output; empty disables
 
-  static EngineConfig FromEnvironment();
+  // Reads SMDIST_* (or HOROVOD_*) variables; a malformed value is an
+  // InvalidArgument error naming the variable.
+  static Status FromEnvironment(EngineConfig* out);
 };
 
 }  // namespace smdist

@@ -1,5 +1,6 @@
 #include "coordinator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -121,6 +122,10 @@ void Coordinator::Add(const RequestList& list, int rank) {
     shutdown_ = true;
     shutdown_rank_ = rank;
   }
+  if (!list.failure.empty() && failed_rank_ < 0) {
+    failed_rank_ = rank;
+    failure_ = list.failure;
+  }
   const auto now = std::chrono::steady_clock::now();
   for (const Request& req : list.requests) {
     if (cache_ != nullptr && cache_->Contains(req.name) && evicting_.insert(req.name).second) {
@@ -200,7 +205,6 @@ ResponseList Coordinator::BuildResponses() {
       fusion_info[name] = FusionInfo(it->second.by_rank[0]);
     }
     out.responses.push_back(std::move(resp));
-    stall_inspector_.Forget(name);
     table_.erase(it);
   }
   ready_.clear();
@@ -208,21 +212,28 @@ ResponseList Coordinator::BuildResponses() {
                  [&fusion_info](const std::string& name) { return fusion_info.at(name); });
 
   const auto now = std::chrono::steady_clock::now();
-  bool stalled_too_long = false;
-  for (const auto& kv : table_) {
-    stalled_too_long |= stall_inspector_.Inspect(kv.first, kv.second.seen, kv.second.first_seen, now);
+  auto oldest = now;
+  for (const auto& kv : table_) oldest = std::min(oldest, kv.second.first_seen);
+  std::vector<PendingCollective> pending;
+  if (stall_inspector_.MayAct(std::chrono::duration<double>(now - oldest).count())) {
+    for (const auto& kv : table_) {
+      pending.push_back({kv.first, kv.second.seen,
+                         std::chrono::duration<double>(now - kv.second.first_seen).count()});
+    }
   }
-  if (stalled_too_long) {
+  if (!pending.empty() && stall_inspector_.Inspect(pending, now)) {
     // Name every incomplete collective, not only the first past the deadline:
     // each rank should find the one it is blocked on in the message.
     out.shutdown = true;
     out.shutdown_error = stall_inspector_.ShutdownHeader();
-    for (const auto& kv : table_) {
-      const double waited = std::chrono::duration<double>(now - kv.second.first_seen).count();
-      out.shutdown_error += "\n  " + DescribeStall(kv.first, kv.second.seen, waited);
-    }
+    for (const PendingCollective& p : pending) out.shutdown_error += "\n  " + DescribeStall(p);
   }
-  if (shutdown_) {
+  if (failed_rank_ >= 0) {
+    // A failing rank is leaving: nothing it had pending can complete.
+    out.shutdown = true;
+    out.failed_rank = failed_rank_;
+    out.shutdown_error = failure_ + "; smdist_tf stopped on every rank";
+  } else if (shutdown_) {
     out.shutdown = true;
     if (out.shutdown_error.empty()) {
       out.shutdown_error = "smdist_tf was shut down (shutdown() called on rank " +

@@ -48,6 +48,8 @@ class Coordinator {
   std::vector<std::string> ready_;  // in the order they became ready
   bool shutdown_ = false;
   int shutdown_rank_ = -1;
+  std::string failure_;  // the first failing rank's reason
+  int failed_rank_ = -1;
   const ResponseCache* cache_;
   std::vector<std::string> evictions_;
   std::set<std::string> evicting_;

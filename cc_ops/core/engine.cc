@@ -1,8 +1,14 @@
 #include "engine.h"
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "collective_executor.h"
@@ -12,6 +18,7 @@
 #include "mpi_transport.h"
 #include "numbered_names.h"
 #include "response_cache.h"
+#include "stale_segments.h"
 
 namespace smdist {
 
@@ -44,12 +51,19 @@ namespace {
 // Set while this thread runs a cycle: a done callback that submits another
 // collective from inside the cycle must queue it, not start a nested cycle.
 thread_local bool t_in_cycle = false;
+
+// How long a failing rank waits for its peers to learn why it leaves, and
+// then for them to report it before its exit makes the launcher stop them.
+constexpr double kFailureAnnounceSeconds = 1.0;
+constexpr auto kFailureReportGrace = std::chrono::milliseconds(300);
+
+void OnProcessExit(int status, void*) { Engine::Instance().AtProcessExit(status); }
 }  // namespace
 
 Engine::~Engine() {
-  // Finalize() normally joined the thread; a process exiting without it must
-  // not abort in std::thread's destructor. The cycle state is then leaked on
-  // purpose: the detached thread may still use it.
+  // AtProcessExit() normally joined the thread; a process exiting without it
+  // must not abort in std::thread's destructor. The cycle state is then
+  // leaked on purpose: the detached thread may still use it.
   if (thread_.joinable()) {
     thread_.detach();
     (void)cycle_state_.release();
@@ -66,10 +80,27 @@ Status Engine::Init() {
     // Stopped by another rank or a stall: clean up, then start afresh.
     ReleaseLocked();
   }
+  // Settings first: a malformed variable fails before anything starts.
+  EngineConfig config;
+  SMDIST_RETURN_IF_ERROR(EngineConfig::FromEnvironment(&config));
+  for (const std::string& path : RemoveStaleSharedMemorySegments()) {
+    LogWarning("removed " + path + ", left behind by a job that was killed");
+  }
   SMDIST_RETURN_IF_ERROR(EnsureMpiInitialized(&mpi_threads_multiple_));
-  config_ = EngineConfig::FromEnvironment();
+  // After MPI_Init: exit() runs handlers in reverse order, so ours runs
+  // while MPI is still usable. on_exit (glibc), unlike atexit, is given the
+  // exit status.
+  static std::once_flag exit_handler;
+  std::call_once(exit_handler, [] { on_exit(&OnProcessExit, nullptr); });
+  config_ = config;
   std::unique_ptr<MpiTransport> mpi;
   SMDIST_RETURN_IF_ERROR(MpiTransport::Create(config_, &mpi));
+  if (!config_.timeline_path.empty()) {
+    // While nothing else holds the transport, so a refused path fails init cleanly.
+    const Topology& topo = mpi->topology();
+    SMDIST_RETURN_IF_ERROR(
+        timeline_.Start(TimelinePathOfRank(config_.timeline_path, topo.rank, topo.size), topo.rank));
+  }
   config_.cross_memory_min_bytes = mpi->cross_memory_min_bytes();
   config_.cross_memory_min_measured = mpi->cross_memory_min_measured();
   {
@@ -89,22 +120,13 @@ Status Engine::Init() {
   SetLogRank(transport_->topology().rank);
   queue_ = std::make_unique<TensorQueue>();
   shutdown_requested_ = false;
+  loop_done_ = false;
   {
     std::lock_guard<std::mutex> state(state_mu_);
     running_ = true;
     stop_reason_.clear();
-  }
-  if (!config_.timeline_path.empty()) {
-    // One file per rank unless the path already says where (like {rank}).
-    std::string path = config_.timeline_path;
-    const auto pos = path.find("{rank}");
-    if (pos != std::string::npos) {
-      path.replace(pos, 6, std::to_string(transport_->topology().rank));
-    } else if (transport_->topology().size > 1) {
-      path += "." + std::to_string(transport_->topology().rank);
-    }
-    Status s = timeline_.Start(path, transport_->topology().rank);
-    if (!s.ok()) LogWarning(s.message());
+    exit_failure_.clear();
+    failed_peer_ = -1;
   }
   cycle_state_ = std::make_unique<CycleState>(transport_->topology(), config_, transport_.get(),
                                               &timeline_);
@@ -119,7 +141,8 @@ Status Engine::StartTimeline(const std::string& path) {
   if (!initialized_) {
     return Status::PreconditionFailed("smdist_tf has not been initialized: call smdist_tf.init() first");
   }
-  return timeline_.Start(path, transport_->topology().rank);
+  const Topology& topo = transport_->topology();
+  return timeline_.Start(TimelinePathOfRank(path, topo.rank, topo.size), topo.rank);
 }
 
 Status Engine::Shutdown() {
@@ -149,9 +172,52 @@ void Engine::ReleaseLocked() {
   transport_.reset();
 }
 
-void Engine::Finalize() {
-  Shutdown();
-  FinalizeMpiIfOwned();
+void Engine::AtProcessExit(int status) {
+  exiting_ = true;
+  if (status == 0) {
+    Shutdown();
+    FinalizeMpiIfOwned();
+    return;
+  }
+  if (!MpiFinalizePending()) return;  // MPI never started here: nothing to wait for
+  std::string who = "a rank";
+  {
+    std::unique_lock<std::mutex> lock(lifecycle_mu_, std::try_to_lock);
+    if (lock.owns_lock() && transport_) who = "rank " + std::to_string(transport_->topology().rank);
+  }
+  if (AnnounceFailure(who + " is exiting with code " + std::to_string(status), kFailureAnnounceSeconds)) {
+    std::this_thread::sleep_for(kFailureReportGrace);
+  }
+  // MPI_Finalize would wait for every peer, however long they compute.
+  std::fflush(nullptr);
+  _exit(status);
+}
+
+bool Engine::AnnounceFailure(const std::string& failure, double wait_seconds) {
+  {
+    std::lock_guard<std::mutex> state(state_mu_);
+    if (!initialized_ || !running_) return false;
+    exit_failure_ = failure;
+  }
+  shutdown_requested_ = true;
+  queue_->Wake();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_seconds);
+  while (!loop_done_ && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return loop_done_;
+}
+
+std::vector<std::string> Engine::cached_names() {
+  std::lock_guard<std::mutex> cycle(cycle_mu_);
+  return cycle_state_ ? cycle_state_->cache.NamesByRecency() : std::vector<std::string>();
+}
+
+bool Engine::owns_mpi() const { return MpiStartedHere(); }
+
+int Engine::failed_peer() const {
+  std::lock_guard<std::mutex> state(state_mu_);
+  return failed_peer_;
 }
 
 std::string Engine::intra_host_allreduce() const {
@@ -237,7 +303,7 @@ void Engine::Stop(const std::string& reason) {
   const Status aborted = Status::Aborted(reason);
   if (p2p_) p2p_->Abort(aborted);
   for (TensorEntry& e : queue_->TakeAll()) {
-    if (e.done) e.done(aborted);
+    if (e.done && !exiting_) e.done(aborted);
   }
 }
 
@@ -267,7 +333,10 @@ void Engine::BackgroundLoop() {
       }
     }
     std::lock_guard<std::mutex> cycle(cycle_mu_);
-    if (!RunCycleLocked()) return;
+    if (!RunCycleLocked()) {
+      loop_done_ = true;
+      return;
+    }
     cycles_seen = cycles_run_.load();
   }
 }
@@ -323,6 +392,7 @@ Status Engine::NegotiateCached(CycleState* state, std::vector<Request>* uncached
   }
   std::unordered_map<std::string, std::pair<std::string, int64_t>> fusion_info;
   for (int64_t bit : ready_bits) {
+    cache.Touch(bit);  // in ascending bit order: the same recency on every rank
     Response r = cache.response(bit);
     r.names = {cache.name(bit)};
     fusion_info[cache.name(bit)] = FusionInfo(cache.params(bit));
@@ -356,6 +426,10 @@ Status Engine::NegotiateFull(CycleState* state, std::vector<Request> uncached, R
   RequestList mine;
   mine.requests = std::move(uncached);
   mine.shutdown = shutdown_requested_.load();
+  if (mine.shutdown) {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    mine.failure = exit_failure_;
+  }
   std::vector<std::vector<uint8_t>> gathered;
   SMDIST_RETURN_IF_ERROR(transport_->GatherToRoot(mine.Serialize(), &gathered));
   std::vector<uint8_t> bytes;
@@ -405,7 +479,13 @@ bool Engine::Execute(CycleState* state, const Response& response, bool remember)
       // alone, which every rank shares, keeps the caches' bits in step.
       if (IsNumberedCallName(request.name)) continue;
       single.names.assign(1, request.name);
-      state->cache.Put(request, single);
+      const int64_t evicted = state->cache.Put(request, single);
+      auto pending = state->cached_pending.find(evicted);
+      if (pending != state->cached_pending.end()) {
+        // Submitted here as cached, now evicted everywhere: negotiate it in full.
+        state->requeued.push_back(std::move(pending->second.request));
+        state->cached_pending.erase(pending);
+      }
     }
   }
   return true;
@@ -461,6 +541,10 @@ bool Engine::RunCycle(CycleState* state) {
   }
   if (full.shutdown) {
     if (full.shutdown_error.rfind("stall", 0) == 0) LogError(full.shutdown_error);
+    if (full.failed_rank >= 0 && full.failed_rank != transport_->topology().rank) {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      failed_peer_ = full.failed_rank;
+    }
     Stop(full.shutdown_error);
     return false;
   }

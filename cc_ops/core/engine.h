@@ -32,13 +32,27 @@ class Engine {
   // Stops the engine on every rank (the others learn it in the next cycle);
   // pending collectives fail. Init() may be called again afterwards.
   Status Shutdown();
-  // Shutdown plus MPI_Finalize; called once at process exit.
-  void Finalize();
+  // Called by exit() (after Python's own exit handlers) with the exit status.
+  // Status 0: shut down with every rank and finalize MPI, which waits for the
+  // peers to finish. Otherwise this rank failed: it tells the peers why (so
+  // their collectives fail at once, naming it) and leaves without waiting for
+  // them, keeping its status; a launcher then stops the job.
+  void AtProcessExit(int status);
+  // The rank whose failure stopped this engine, or -1 (tells a rank that
+  // fails afterwards it is not the cause).
+  int failed_peer() const;
+  // Stops the engine on every rank because this one failed: the others'
+  // collectives fail with `failure`. Waits at most `wait_seconds` for the
+  // announcement to go out; returns whether it did.
+  bool AnnounceFailure(const std::string& failure, double wait_seconds);
 
   bool initialized() const { return initialized_.load(); }
   Topology topology() const;
   std::string intra_host_allreduce() const;
   bool mpi_threads_supported() const { return mpi_threads_multiple_; }
+  // Whether smdist_tf started MPI; otherwise its owner finalizes it, perhaps
+  // before exit() runs AtProcessExit.
+  bool owns_mpi() const;
   EngineConfig config() const;
 
   // Chrome-trace timeline of this rank (SMDIST_TIMELINE opens one at init).
@@ -62,6 +76,8 @@ class Engine {
   // Any thread; the block may outlive the engine.
   std::unique_ptr<SharedOutputBlock> AllocateSharedOutput(int64_t bytes);
   int64_t shared_output_bytes_in_use() const;
+  // The response cache's names, most recently executed first (tests).
+  std::vector<std::string> cached_names();
 
  private:
   // Why a send/recv cannot be taken now, or OK; state_mu_ held.
@@ -91,6 +107,12 @@ class Engine {
   bool running_ = false;
   std::string stop_reason_;
   std::atomic<bool> shutdown_requested_{false};
+  std::string exit_failure_;  // state_mu_: sent with the shutdown request when set
+  int failed_peer_ = -1;      // state_mu_
+  std::atomic<bool> loop_done_{false};
+  // At process exit the framework may be half torn down: pending entries are
+  // dropped instead of completed.
+  std::atomic<bool> exiting_{false};
   bool mpi_threads_multiple_ = false;
 
   EngineConfig config_;

@@ -7,6 +7,7 @@ namespace smdist {
 std::vector<uint8_t> RequestList::Serialize() const {
   WireWriter w;
   w.Put<uint8_t>(shutdown ? 1 : 0);
+  w.PutString(failure);
   w.Put<uint32_t>(static_cast<uint32_t>(requests.size()));
   for (const Request& r : requests) {
     w.Put<int32_t>(r.rank);
@@ -28,6 +29,7 @@ std::vector<uint8_t> RequestList::Serialize() const {
 bool RequestList::Parse(const uint8_t* data, size_t size, RequestList* out) {
   WireReader rd(data, size);
   out->shutdown = rd.Get<uint8_t>() != 0;
+  out->failure = rd.GetString();
   auto n = rd.Get<uint32_t>();
   out->requests.clear();
   for (uint32_t i = 0; i < n && rd.ok(); ++i) {
@@ -53,6 +55,7 @@ std::vector<uint8_t> ResponseList::Serialize() const {
   WireWriter w;
   w.Put<uint8_t>(shutdown ? 1 : 0);
   w.PutString(shutdown_error);
+  w.Put<int32_t>(failed_rank);
   w.Put<uint32_t>(static_cast<uint32_t>(evictions.size()));
   for (const auto& name : evictions) w.PutString(name);
   w.Put<uint32_t>(static_cast<uint32_t>(responses.size()));
@@ -71,6 +74,7 @@ bool ResponseList::Parse(const uint8_t* data, size_t size, ResponseList* out) {
   WireReader rd(data, size);
   out->shutdown = rd.Get<uint8_t>() != 0;
   out->shutdown_error = rd.GetString();
+  out->failed_rank = rd.Get<int32_t>();
   auto evictions = rd.Get<uint32_t>();
   out->evictions.clear();
   for (uint32_t i = 0; i < evictions && rd.ok(); ++i) out->evictions.push_back(rd.GetString());

@@ -29,6 +29,9 @@ struct Request {
 struct RequestList {
   std::vector<Request> requests;
   bool shutdown = false;
+  // Non-empty: this rank is exiting because of a failure ("rank 1 is exiting
+  // with code 3"); the others stop with this error instead of waiting for it.
+  std::string failure;
 
   std::vector<uint8_t> Serialize() const;
   static bool Parse(const uint8_t* data, size_t size, RequestList* out);
@@ -54,6 +57,7 @@ struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;
   std::string shutdown_error;  // non-empty: the engine stops with this error
+  int32_t failed_rank = -1;    // the rank whose failure stopped the engine, if any
   // Cached collectives every rank must forget before executing `responses`
   // (some rank submitted them with new parameters).
   std::vector<std::string> evictions;

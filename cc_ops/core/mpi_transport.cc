@@ -54,6 +54,15 @@ Status ToIntCounts(const std::vector<int64_t>& counts, std::vector<int>* out,
   return Status::OK();
 }
 
+// Whether an MPI launcher (mpirun, srun, Hydra) started this process: each
+// sets its rank in the environment for MPI_Init to find.
+bool StartedByLauncher() {
+  for (const char* var : {"PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMI_FD"}) {
+    if (std::getenv(var) != nullptr) return true;
+  }
+  return false;
+}
+
 // Large buffers go through MPI in pieces because MPI counts are ints.
 constexpr int64_t kMaxChunk = INT_MAX / 2;
 
@@ -101,6 +110,10 @@ Status EnsureMpiInitialized(bool* threads_multiple) {
     // Our shared windows need Open MPI's shared-memory one-sided component;
     // the UCX one only prints errors on a single host. Users can override.
     setenv("OMPI_MCA_osc", "^ucx", 0);
+    // A process no launcher started is a job of one: Open MPI's shared-memory
+    // transport would only leave its 16 MiB segment in /dev/shm, which no
+    // launcher is there to delete.
+    if (!StartedByLauncher()) setenv("OMPI_MCA_btl", "self", 0);
     int provided = 0;
     int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Init_thread");
@@ -129,6 +142,18 @@ Status EnsureMpiInitialized(bool* threads_multiple) {
   }
   *threads_multiple = g_threads_multiple;
   return Status::OK();
+}
+
+bool MpiStartedHere() {
+  std::lock_guard<std::mutex> lock(g_mpi_init_mutex);
+  return g_we_initialized_mpi;
+}
+
+bool MpiFinalizePending() {
+  std::lock_guard<std::mutex> lock(g_mpi_init_mutex);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return g_we_initialized_mpi && !finalized;
 }
 
 void FinalizeMpiIfOwned() {

@@ -17,6 +17,10 @@ namespace smdist {
 // the engine can be shut down and started again in one process.
 Status EnsureMpiInitialized(bool* threads_multiple);
 void FinalizeMpiIfOwned();
+// Whether smdist_tf started MPI and it has not been finalized yet.
+bool MpiFinalizePending();
+// Whether smdist_tf started MPI (not, say, mpi4py before it).
+bool MpiStartedHere();
 
 class MpiTransport : public Transport {
  public:

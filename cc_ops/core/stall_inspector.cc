@@ -1,11 +1,17 @@
 #include "stall_inspector.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "logging.h"
 
 namespace smdist {
 namespace {
+
+// A warning names at most this many collectives: a stalled rank can leave
+// hundreds pending, and the longest waiting say enough.
+constexpr size_t kMaxNamedInWarning = 10;
+
 std::string RankList(const std::vector<bool>& seen, bool want) {
   std::string s;
   for (size_t r = 0; r < seen.size(); ++r) {
@@ -15,31 +21,54 @@ std::string RankList(const std::vector<bool>& seen, bool want) {
   }
   return s;
 }
-}  // namespace
 
-std::string DescribeStall(const std::string& name, const std::vector<bool>& seen, double seconds) {
-  return "collective '" + name + "' was submitted by rank(s) [" + RankList(seen, true) +
-         "] but not by rank(s) [" + RankList(seen, false) + "] for " +
-         std::to_string(static_cast<int>(seconds)) +
-         " s: those ranks are stalled or issue different collectives (check that every rank "
-         "runs the same collectives with the same names)";
+std::string Seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", s);
+  return text;
 }
 
-bool StallInspector::Inspect(const std::string& name, const std::vector<bool>& seen,
-                             std::chrono::steady_clock::time_point first_seen,
-                             std::chrono::steady_clock::time_point now) {
-  const double waited = std::chrono::duration<double>(now - first_seen).count();
-  if (shutdown_seconds_ > 0 && waited >= shutdown_seconds_) return true;
-  if (check_seconds_ > 0 && waited >= check_seconds_ && warned_.insert(name).second) {
-    LogWarning("stall: " + DescribeStall(name, seen, waited));
+}  // namespace
+
+std::string DescribeStall(const PendingCollective& p) {
+  return "collective '" + p.name + "' was submitted by rank(s) [" + RankList(p.seen, true) +
+         "] but not by rank(s) [" + RankList(p.seen, false) + "] for " +
+         std::to_string(static_cast<int>(p.waited_seconds)) + " s";
+}
+
+bool StallInspector::Inspect(std::vector<PendingCollective> pending, Clock::time_point now) {
+  double longest = 0;
+  for (const PendingCollective& p : pending) longest = std::max(longest, p.waited_seconds);
+  if (shutdown_seconds_ > 0 && longest >= shutdown_seconds_) return true;
+  if (check_seconds_ <= 0 || longest < check_seconds_) return false;
+  if (warned_ && std::chrono::duration<double>(now - last_warning_).count() < check_seconds_) return false;
+  warned_ = true;
+  last_warning_ = now;
+
+  pending.erase(std::remove_if(pending.begin(), pending.end(),
+                               [this](const PendingCollective& p) { return p.waited_seconds < check_seconds_; }),
+                pending.end());
+  std::sort(pending.begin(), pending.end(), [](const PendingCollective& a, const PendingCollective& b) {
+    return a.waited_seconds != b.waited_seconds ? a.waited_seconds > b.waited_seconds : a.name < b.name;
+  });
+  std::string text = "stall: " + std::to_string(pending.size()) +
+                     " collective(s) waiting for ranks longer than SMDIST_STALL_CHECK_TIME=" +
+                     Seconds(check_seconds_) + " s:";
+  for (size_t i = 0; i < pending.size() && i < kMaxNamedInWarning; ++i) text += "\n  " + DescribeStall(pending[i]);
+  if (pending.size() > kMaxNamedInWarning) {
+    text += "\n  ... and " + std::to_string(pending.size() - kMaxNamedInWarning) + " more";
   }
+  text += "\n  The missing ranks are stalled or issue different collectives: every rank must run the "
+          "same collectives with the same names.";
+  if (shutdown_seconds_ > 0) {
+    text += " The job stops once one has waited SMDIST_STALL_SHUTDOWN_TIME=" + Seconds(shutdown_seconds_) + " s.";
+  }
+  LogWarning(text);
   return false;
 }
 
 std::string StallInspector::ShutdownHeader() const {
-  char limit[32];
-  std::snprintf(limit, sizeof(limit), "%g", shutdown_seconds_);
-  return "stall shutdown (SMDIST_STALL_SHUTDOWN_TIME=" + std::string(limit) +
+  return "stall shutdown (SMDIST_STALL_SHUTDOWN_TIME=" + Seconds(shutdown_seconds_) +
          " s): every rank stops; incomplete collectives:";
 }
 

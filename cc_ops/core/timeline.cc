@@ -1,7 +1,13 @@
 #include "timeline.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
+
+#include "logging.h"
 
 namespace smdist {
 namespace {
@@ -14,14 +20,66 @@ std::string JsonEscape(const std::string& s) {
   }
   return out;
 }
+
+Status CannotWrite(const std::string& path, const std::string& why) {
+  return Status::InvalidArgument("cannot write timeline '" + path + "': " + why);
+}
+
+// Opens `path` for writing without following a symbolic link at its end: a
+// link planted where the timeline goes must not redirect it onto another file.
+Status OpenForWriting(const std::string& path, int* out) {
+  const int flags = O_WRONLY | O_NOFOLLOW | O_CLOEXEC;
+  int fd = open(path.c_str(), flags | O_CREAT | O_EXCL, 0644);
+  if (fd >= 0) {
+    *out = fd;
+    return Status::OK();
+  }
+  if (errno != EEXIST) return CannotWrite(path, std::strerror(errno));
+  const Status link = CannotWrite(path, "it is a symbolic link (smdist_tf does not follow links for its "
+                                        "timeline; give the link's target instead)");
+  const Status not_regular = CannotWrite(path, "it exists and is not a regular file");
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return CannotWrite(path, std::strerror(errno));
+  if (S_ISLNK(st.st_mode)) return link;
+  if (!S_ISREG(st.st_mode)) return not_regular;
+  // O_NOFOLLOW again: the file may have been swapped for a link since lstat.
+  fd = open(path.c_str(), flags | O_NONBLOCK);
+  if (fd < 0) return errno == ELOOP ? link : CannotWrite(path, std::strerror(errno));
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return not_regular;
+  }
+  if (ftruncate(fd, 0) != 0) {
+    const int err = errno;
+    close(fd);
+    return CannotWrite(path, std::strerror(err));
+  }
+  LogWarning("timeline: overwriting the existing file '" + path + "'");
+  *out = fd;
+  return Status::OK();
+}
 }  // namespace
+
+std::string TimelinePathOfRank(std::string path, int rank, int size) {
+  const auto pos = path.find("{rank}");
+  if (pos != std::string::npos) {
+    path.replace(pos, 6, std::to_string(rank));
+  } else if (size > 1) {
+    path += "." + std::to_string(rank);
+  }
+  return path;
+}
 
 Status Timeline::Start(const std::string& path, int rank) {
   Stop();
   std::lock_guard<std::mutex> lock(mu_);
-  file_ = std::fopen(path.c_str(), "w");
+  int fd = -1;
+  SMDIST_RETURN_IF_ERROR(OpenForWriting(path, &fd));
+  file_ = fdopen(fd, "w");
   if (file_ == nullptr) {
-    return Status::InvalidArgument("cannot write timeline '" + path + "': " + std::strerror(errno));
+    const int err = errno;
+    close(fd);
+    return CannotWrite(path, std::strerror(err));
   }
   rank_ = rank;
   first_event_ = true;

@@ -21,6 +21,8 @@ class Timeline {
   ~Timeline() { Stop(); }
 
   // Starts writing to `path` (replacing an earlier timeline of this process).
+  // Refuses a symbolic link or anything but a regular file; an existing file
+  // is overwritten with a warning.
   Status Start(const std::string& path, int rank);
   // Finishes the JSON document and closes the file.
   void Stop();
@@ -42,5 +44,9 @@ class Timeline {
   Clock::time_point origin_;
   std::unordered_map<std::string, int> rows_;
 };
+
+// This rank's file for a timeline path given to every rank: "{rank}" in it is
+// replaced by the rank; otherwise ranks of a larger job append ".<rank>".
+std::string TimelinePathOfRank(std::string path, int rank, int size);
 
 }  // namespace smdist

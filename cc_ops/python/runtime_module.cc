@@ -43,10 +43,8 @@ PYBIND11_MODULE(_runtime, m) {
     py::gil_scoped_release release;
     RaiseIfError(smdist::Engine::Instance().Shutdown());
   });
-  m.def("finalize", [] {
-    py::gil_scoped_release release;
-    smdist::Engine::Instance().Finalize();
-  });
+  m.def("failed_peer", [] { return smdist::Engine::Instance().failed_peer(); });
+  m.def("owns_mpi", [] { return smdist::Engine::Instance().owns_mpi(); });
   m.def("start_timeline", [](const std::string& path) {
     RaiseIfError(smdist::Engine::Instance().StartTimeline(path));
   });
@@ -89,6 +87,15 @@ PYBIND11_MODULE(_runtime, m) {
     return d;
   });
   // Bytes of this rank's shared output arena that tensors hold now (tests).
+  // What a rank exiting with an error does before it goes (tests).
+  m.def("_announce_failure", [](const std::string& failure) {
+    py::gil_scoped_release release;
+    smdist::Engine::Instance().AnnounceFailure(failure, 5.0);
+  });
+  m.def("_cached_names", [] {
+    py::gil_scoped_release release;  // waits for a running cycle
+    return smdist::Engine::Instance().cached_names();
+  });
   m.def("_shared_output_bytes_in_use", [] { return smdist::Engine::Instance().shared_output_bytes_in_use(); });
   // The engine's bulk copy, exposed so it can be tested and timed at chosen offsets.
   // vector_loop=True takes the slow-case loop whatever the CPU, so tests cover it everywhere.

@@ -23,11 +23,10 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 namespace bridge = tf_bridge;
 
-// Unnamed eager collectives arrive with the fixed name "<kind>.noname" (a
-// fixed attribute lets TensorFlow reuse one kernel instead of building one per
-// call); each call takes the next number of its kind. Process-wide and never
-// reset, like Horovod's counters: shared by every kernel of a kind (Sum and
-// Average allreduces are different kernels).
+// Unnamed eager collectives arrive with the fixed name "<kind>.noname"; each
+// call takes the next number of its kind. Process-wide and never reset, like
+// Horovod's counters: shared by every kernel of a kind (Sum and Average
+// allreduces are different kernels).
 std::string NextNumberedName(const std::string& base) {
   static std::mutex mu;
   static std::unordered_map<std::string, uint64_t> next;
@@ -115,15 +114,25 @@ absl::Status AllocateAllreduceOutput(OpKernelContext* ctx, int index, Tensor** o
 
 class CollectiveKernel : public AsyncOpKernel {
  public:
-  explicit CollectiveKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
-    if (tensor_name_.empty()) tensor_name_ = name();
-    numbered_per_call_ = IsNumberedPerCall(tensor_name_);
-  }
+  using AsyncOpKernel::AsyncOpKernel;
 
  protected:
-  // The name of this call's collective (numbered for unnamed eager calls).
-  std::string CallName() const { return numbered_per_call_ ? NextNumberedName(tensor_name_) : tensor_name_; }
+  // Inputs that are tensors to exchange: all but the name, which comes last.
+  static int DataInputs(OpKernelContext* ctx) { return ctx->num_inputs() - 1; }
+
+  // The name of this call's collective: the op's last input, or the node's
+  // name when that is empty; numbered for unnamed eager calls.
+  absl::Status CallName(OpKernelContext* ctx, std::string* out) const {
+    const Tensor& name = ctx->input(ctx->num_inputs() - 1);
+    if (!tensorflow::TensorShapeUtils::IsScalar(name.shape())) {
+      return absl::InvalidArgumentError("tensor_name must be a scalar string, got shape " +
+                                        name.shape().DebugString());
+    }
+    const tensorflow::tstring& given = name.scalar<tensorflow::tstring>()();
+    *out = given.empty() ? this->name() : std::string(given);
+    if (IsNumberedPerCall(*out)) *out = NextNumberedName(*out);
+    return absl::OkStatus();
+  }
 
   static std::string EntryName(const std::string& call_name, int index, int count) {
     return count == 1 ? call_name : call_name + "." + std::to_string(index);
@@ -159,9 +168,6 @@ class CollectiveKernel : public AsyncOpKernel {
     completion->KeepAlive(input);
     return [completion](const Status& s) { completion->EntryDone(s); };
   }
-
-  std::string tensor_name_;
-  bool numbered_per_call_ = false;
 };
 
 class AllreduceKernel : public CollectiveKernel {
@@ -182,10 +188,11 @@ class AllreduceKernel : public CollectiveKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    const int n = ctx->num_inputs();
+    const int n = DataInputs(ctx);
+    std::string call_name;
+    OP_REQUIRES_OK_ASYNC(ctx, CallName(ctx, &call_name), done);
     auto completion = std::make_shared<OpCompletion>(ctx, done, n);
     std::vector<TensorEntry> entries(n);
-    const std::string call_name = CallName();
     for (int i = 0; i < n; ++i) {
       TensorEntry& e = entries[i];
       OP_REQUIRES_OK_ASYNC(ctx, Describe(call_name, ctx, i, n, &e), done);
@@ -216,11 +223,12 @@ class BroadcastKernel : public CollectiveKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    const int n = ctx->num_inputs();
+    const int n = DataInputs(ctx);
     const int size = Engine::Instance().topology().size;
+    std::string call_name;
+    OP_REQUIRES_OK_ASYNC(ctx, CallName(ctx, &call_name), done);
     auto completion = std::make_shared<OpCompletion>(ctx, done, n);
     std::vector<TensorEntry> entries(n);
-    const std::string call_name = CallName();
     for (int i = 0; i < n; ++i) {
       TensorEntry& e = entries[i];
       OP_REQUIRES_OK_ASYNC(ctx, Describe(call_name, ctx, i, n, &e), done);
@@ -248,10 +256,12 @@ class AllgatherKernel : public CollectiveKernel {
   using CollectiveKernel::CollectiveKernel;
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::string call_name;
+    OP_REQUIRES_OK_ASYNC(ctx, CallName(ctx, &call_name), done);
     auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
     std::vector<TensorEntry> entries(1);
     TensorEntry& e = entries[0];
-    OP_REQUIRES_OK_ASYNC(ctx, Describe(CallName(), ctx, 0, 1, &e), done);
+    OP_REQUIRES_OK_ASYNC(ctx, Describe(call_name, ctx, 0, 1, &e), done);
     e.type = CollectiveType::kAllgather;
     if (e.shape.empty()) {
       e.local_error = "allgather of '" + e.name + "' needs a tensor of rank >= 1, got a scalar";
@@ -273,10 +283,12 @@ class AlltoallKernel : public CollectiveKernel {
   using CollectiveKernel::CollectiveKernel;
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::string call_name;
+    OP_REQUIRES_OK_ASYNC(ctx, CallName(ctx, &call_name), done);
     auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
     std::vector<TensorEntry> entries(1);
     TensorEntry& e = entries[0];
-    OP_REQUIRES_OK_ASYNC(ctx, Describe(CallName(), ctx, 0, 1, &e), done);
+    OP_REQUIRES_OK_ASYNC(ctx, Describe(call_name, ctx, 0, 1, &e), done);
     e.type = CollectiveType::kAlltoall;
     e.local_error = ReadSplits(ctx->input(1), e.name, e.shape, &e.splits);
     e.allocate_output = [ctx](const std::vector<int64_t>& shape, void** data) {
@@ -345,10 +357,12 @@ class ReducescatterKernel : public CollectiveKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::string call_name;
+    OP_REQUIRES_OK_ASYNC(ctx, CallName(ctx, &call_name), done);
     auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
     std::vector<TensorEntry> entries(1);
     TensorEntry& e = entries[0];
-    OP_REQUIRES_OK_ASYNC(ctx, Describe(CallName(), ctx, 0, 1, &e), done);
+    OP_REQUIRES_OK_ASYNC(ctx, Describe(call_name, ctx, 0, 1, &e), done);
     e.type = CollectiveType::kReducescatter;
     e.reduce_op = reduce_op_;
     e.prescale = prescale_;
@@ -378,9 +392,11 @@ class BarrierKernel : public CollectiveKernel {
   using CollectiveKernel::CollectiveKernel;
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::string call_name;
+    OP_REQUIRES_OK_ASYNC(ctx, CallName(ctx, &call_name), done);
     auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
     std::vector<TensorEntry> entries(1);
-    entries[0].name = CallName();
+    entries[0].name = std::move(call_name);
     entries[0].type = CollectiveType::kBarrier;
     entries[0].done = [completion](const Status& s) { completion->EntryDone(s); };
     Submit(ctx, std::move(entries), completion, done);

@@ -1,6 +1,10 @@
 // Op registrations and shape functions. Every op is stateful so that
 // tf.function keeps collectives in program order on every rank and never
 // prunes or merges one (a rank skipping a collective would stall the rest).
+// The name ranks match a collective by is the last input, not an attribute:
+// TensorFlow keeps one eager kernel per distinct attribute set forever, so a
+// name attribute cost ~36 KB per distinct name for the life of the process.
+// An empty name means the node's own name (graphs).
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -28,7 +32,7 @@ absl::Status RaggedFirstDim(InferenceContext* c) {
 }
 
 absl::Status SameShapes(InferenceContext* c) {
-  for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
+  for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
   return absl::OkStatus();
 }
 
@@ -39,10 +43,10 @@ REGISTER_OP("SmdistAllreduce")
     .Attr("reduce_op: int")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
-    .Attr("tensor_name: string = ''")
     .Attr("run_inline: bool = false")
     .Attr("compression: {'none', 'fp16', 'bf16'} = 'none'")
     .Input("tensors: T")
+    .Input("tensor_name: string")
     .Output("outputs: T")
     .SetIsStateful()
     .SetShapeFn(SameShapes)
@@ -53,8 +57,8 @@ REGISTER_OP("SmdistAllreduce")
 REGISTER_OP("SmdistBroadcast")
     .Attr("T: list({bool, uint8, int8, int32, int64, half, bfloat16, float, double})")
     .Attr("root_rank: int")
-    .Attr("tensor_name: string = ''")
     .Input("tensors: T")
+    .Input("tensor_name: string")
     .Output("outputs: T")
     .SetIsStateful()
     .SetShapeFn(SameShapes)
@@ -62,8 +66,8 @@ REGISTER_OP("SmdistBroadcast")
 
 REGISTER_OP("SmdistAllgather")
     .Attr("T: {bool, uint8, int8, int32, int64, half, bfloat16, float, double}")
-    .Attr("tensor_name: string = ''")
     .Input("tensor: T")
+    .Input("tensor_name: string")
     .Output("output: T")
     .SetIsStateful()
     .SetShapeFn(RaggedFirstDim)
@@ -71,9 +75,9 @@ REGISTER_OP("SmdistAllgather")
 
 REGISTER_OP("SmdistAlltoall")
     .Attr("T: {bool, uint8, int8, int32, int64, half, bfloat16, float, double}")
-    .Attr("tensor_name: string = ''")
     .Input("tensor: T")
     .Input("splits: int64")
+    .Input("tensor_name: string")
     .Output("output: T")
     .Output("received_splits: int64")
     .SetIsStateful()
@@ -89,15 +93,15 @@ REGISTER_OP("SmdistReducescatter")
     .Attr("reduce_op: int")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
-    .Attr("tensor_name: string = ''")
     .Input("tensor: T")
+    .Input("tensor_name: string")
     .Output("output: T")
     .SetIsStateful()
     .SetShapeFn(RaggedFirstDim)
     .Doc("Reduces across ranks and keeps this rank's block of the first dimension.");
 
 REGISTER_OP("SmdistBarrier")
-    .Attr("tensor_name: string = ''")
+    .Input("tensor_name: string")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Completes once every rank has reached it.");

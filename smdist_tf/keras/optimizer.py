@@ -125,7 +125,8 @@ def DistributedOptimizer(
     if tf.distribute.has_strategy() and tf.distribute.get_strategy().num_replicas_in_sync > 1:
         raise ValueError("DistributedOptimizer reduces by itself; do not use it inside a tf.distribute strategy scope")
     # Validates op / predivide the same way the tape does, on every rank alike.
-    DistributedGradientTape(None, op=op, gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups)
+    DistributedGradientTape(None, compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
+                            num_groups=num_groups)
     install_finite_agreement()
     base = type(optimizer)
     settings = dict(

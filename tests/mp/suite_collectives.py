@@ -279,8 +279,9 @@ class TimelineTest(tf.test.TestCase):
         import json
         import tempfile
 
-        path = os.path.join(tempfile.mkdtemp(), f"timeline.{RANK}.json")
-        sd.start_timeline(path)
+        template = os.path.join(tempfile.mkdtemp(), "timeline.{rank}.json")
+        path = template.format(rank=RANK)
+        sd.start_timeline(template)
         sd.grouped_allreduce([tf.ones([3]), tf.ones([5])], op=sd.Sum, name="traced.group")
         sd.allgather(tf.ones([2]), name="traced.gather")
         sd.stop_timeline()
@@ -315,8 +316,9 @@ class TimelineTest(tf.test.TestCase):
                 t = sd.allreduce(t, op=sd.Sum, name=f"traced.chain.{i}")
             return t
 
-        path = os.path.join(tempfile.mkdtemp(), f"timeline.{RANK}.json")
-        sd.start_timeline(path)
+        template = os.path.join(tempfile.mkdtemp(), "timeline.{rank}.json")
+        path = template.format(rank=RANK)
+        sd.start_timeline(template)
         for _ in range(3):
             result = chain()
         eager = sd.allreduce(x, op=sd.Sum, name="traced.eager")

@@ -479,9 +479,10 @@ class CrossMemoryPathTest(tf.test.TestCase):
         # page walks would cost more than the copy. The timeline names the path each group took.
         import json
 
-        path = os.path.join(tempfile.mkdtemp(), f"timeline.{RANK}.json")
+        template = os.path.join(tempfile.mkdtemp(), "timeline.{rank}.json")
+        path = template.format(rank=RANK)
         groups = {"spans.small": [(256,)] * 64, "spans.large": [(16384,)] * 4, "spans.mixed": [(300000,)] + [(8,)] * 40}
-        sd.start_timeline(path)
+        sd.start_timeline(template)
         for name, shapes in groups.items():
             values = [all_rank_values(shape, tf.float32, sd.Sum, seed=i) for i, shape in enumerate(shapes)]
             outs = sd.grouped_allreduce([tf.constant(v[RANK]) for v in values], op=sd.Sum, name=name)

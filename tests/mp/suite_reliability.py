@@ -1,0 +1,302 @@
+"""Bounded memory, refused unsafe timeline paths, malformed settings and repeated stall warnings, on every rank.
+
+Run on every rank by tests/test_reliability_multiprocess.py at 2 and 4 ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import tempfile
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import smdist_tf as sd
+from smdist_tf._native import runtime as _rt
+from tests.mp.suite_errors import CapturedStderr, restart_engine
+
+RANK, SIZE = sd.rank(), sd.size()
+LAST = SIZE - 1
+
+
+def shared_temp_dir() -> str:
+    """One fresh directory every rank of this (single-host) job writes into."""
+    return sd.broadcast_object(tempfile.mkdtemp() if RANK == 0 else None)
+
+
+def resident_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class TimelineFileTest(tf.test.TestCase):
+    """A timeline never writes through a symbolic link, and every rank keeps its own file."""
+
+    def test_start_timeline_gives_each_rank_its_own_file(self):
+        directory = shared_temp_dir()
+        sd.start_timeline(os.path.join(directory, "trace.json"))
+        sd.allreduce(tf.ones([2]), name="timeline.own_file")
+        sd.stop_timeline()
+        sd.barrier(name="timeline.own_file.written")
+        for r in range(SIZE):
+            with open(os.path.join(directory, f"trace.json.{r}")) as f:
+                self.assertIn(f'"pid":{r},', f.read())
+
+    def _symlinked_target(self) -> tuple[str, str]:
+        directory = tempfile.mkdtemp()
+        target = os.path.join(directory, "precious.txt")
+        with open(target, "w") as f:
+            f.write("keep me")
+        link = os.path.join(directory, f"trace.{RANK}.json")
+        os.symlink(target, link)
+        return os.path.join(directory, "trace.{rank}.json"), target
+
+    def test_start_timeline_refuses_a_symbolic_link(self):
+        template, target = self._symlinked_target()
+        with self.assertRaisesRegex(ValueError, "symbolic link"):
+            sd.start_timeline(template)
+        with open(target) as f:
+            self.assertEqual(f.read(), "keep me")
+        self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name="timeline.after_link"), [SIZE])
+
+    def test_timeline_variable_pointing_at_a_link_fails_init(self):
+        template, target = self._symlinked_target()
+        sd.shutdown()
+        try:
+            os.environ["SMDIST_TIMELINE"] = template
+            with self.assertRaisesRegex(ValueError, "SMDIST_TIMELINE|symbolic link"):
+                sd.init()
+        finally:
+            restart_engine(SMDIST_TIMELINE="")
+        with open(target) as f:
+            self.assertEqual(f.read(), "keep me")
+        self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name="timeline.after_env_link"), [SIZE])
+
+    def test_refuses_a_directory_and_warns_before_overwriting_a_file(self):
+        directory = tempfile.mkdtemp()
+        os.mkdir(os.path.join(directory, f"subdir.{RANK}"))
+        os.mkfifo(os.path.join(directory, f"fifo.{RANK}"))
+        for name in ["subdir.{rank}", "fifo.{rank}"]:
+            with self.assertRaisesRegex(ValueError, "not a regular file"):
+                sd.start_timeline(os.path.join(directory, name))
+        existing = os.path.join(directory, f"old.{RANK}.json")
+        with open(existing, "w") as f:
+            f.write("an old trace")
+        with CapturedStderr() as captured:
+            sd.start_timeline(os.path.join(directory, "old.{rank}.json"))
+            sd.stop_timeline()
+        self.assertIn("overwriting the existing file", captured.text)
+        with open(existing) as f:
+            self.assertNotIn("an old trace", f.read())
+
+
+class NameMemoryTest(tf.test.TestCase):
+    """Ever new collective names cost no memory per name: the process stays flat."""
+
+    def test_two_thousand_distinct_names_stay_bounded(self):
+        x = tf.ones([16])
+        for i in range(100):  # warm-up: kernels, the cache's first entries
+            sd.allreduce(x, name=f"names.warm.{i % 10}")
+        start = resident_mib()
+        for i in range(2000):
+            out = sd.allreduce(x, op=sd.Sum, name=f"names.first.{i}")
+        after_first = resident_mib()
+        for i in range(2000):
+            out = sd.allreduce(x, op=sd.Sum, name=f"names.second.{i}")
+        after_second = resident_mib()
+        self.assertAllEqual(out, np.full([16], SIZE, np.float32))
+        # Before: ~36 KB a name (a TensorFlow kernel per name attribute), 70 MiB per 2000.
+        self.assertLess(after_first - start, 20, f"RSS grew {after_first - start:.1f} MiB over 2000 names")
+        self.assertLess(after_second - after_first, 5, f"RSS grew {after_second - after_first:.1f} MiB more")
+        capacity = sd.engine_config()["cache_capacity"]
+        self.assertLessEqual(len(_rt._cached_names()), capacity)
+
+
+class ResponseCacheEvictionTest(tf.test.TestCase):
+    """A full cache evicts its least recently executed collective, identically on every rank."""
+
+    def setUp(self):
+        restart_engine(SMDIST_CACHE_CAPACITY="4")
+
+    def tearDown(self):
+        restart_engine(SMDIST_CACHE_CAPACITY="")
+
+    def reduce(self, name: str, n: int = 3) -> None:
+        values = np.arange(n, dtype=np.float32) + RANK
+        out = sd.allreduce(tf.constant(values), op=sd.Sum, name=name)
+        self.assertAllEqual(out, np.arange(n, dtype=np.float32) * SIZE + SIZE * (SIZE - 1) / 2)
+
+    def test_least_recently_executed_is_evicted_on_every_rank(self):
+        for name in ["lru.a", "lru.b", "lru.c", "lru.d"]:
+            self.reduce(name)
+        self.reduce("lru.a")  # a cache hit: a becomes the most recent
+        self.reduce("lru.e")  # evicts b, the least recent
+        names = _rt._cached_names()
+        self.assertEqual(names, ["lru.e", "lru.a", "lru.d", "lru.c"])
+        self.assertEqual(sd.allgather_object(names), [names] * SIZE)
+        for name in ["lru.b", "lru.c", "lru.f", "lru.a", "lru.b"]:  # re-negotiated after eviction, then cached
+            self.reduce(name)
+        self.assertEqual(_rt._cached_names(), ["lru.b", "lru.a", "lru.f", "lru.c"])
+
+    def test_collective_pending_when_evicted_completes(self):
+        # Rank 0 submits a cached collective that the others submit only after two new
+        # names have evicted it everywhere: rank 0 must renegotiate it in full, not wait forever.
+        for name in ["pend.x", "pend.y", "pend.z", "pend.w"]:
+            self.reduce(name)
+        result = {}
+        if RANK == 0:
+            waiter = threading.Thread(target=lambda: result.setdefault("x", sd.allreduce(tf.ones([3]), op=sd.Sum, name="pend.x")))
+            waiter.start()
+            time.sleep(0.3)
+        for name in ["pend.new1", "pend.new2"]:
+            self.reduce(name)
+        self.assertNotIn("pend.x", _rt._cached_names())
+        sd.barrier(name="pend.checked")  # nobody completes pend.x before every rank has looked
+        if RANK == 0:
+            waiter.join(timeout=60)
+            self.assertFalse(waiter.is_alive())
+            self.assertAllEqual(result["x"], np.full([3], SIZE, np.float32))
+        else:
+            self.assertAllEqual(sd.allreduce(tf.ones([3]), op=sd.Sum, name="pend.x"), np.full([3], SIZE, np.float32))
+
+    def test_group_larger_than_the_cache(self):
+        for _ in range(3):
+            outs = sd.grouped_allreduce([tf.fill([2], float(i + RANK)) for i in range(10)], op=sd.Sum, name="lru.group")
+            for i, out in enumerate(outs):
+                self.assertAllEqual(out, np.full([2], SIZE * i + SIZE * (SIZE - 1) / 2, np.float32))
+        self.assertEqual(len(_rt._cached_names()), 4)
+
+
+class MalformedSettingTest(tf.test.TestCase):
+    """A malformed SMDIST_*/HOROVOD_* value fails init() on every rank, naming the variable."""
+
+    CASES = [
+        ("SMDIST_FUSION_THRESHOLD", "abc"),
+        ("HOROVOD_FUSION_THRESHOLD", "-5"),
+        ("SMDIST_CYCLE_TIME", "-1"),
+        ("HOROVOD_CYCLE_TIME", "1ms"),
+        ("SMDIST_CACHE_CAPACITY", "1.5"),
+        ("SMDIST_STALL_CHECK_TIME", "soon"),
+        ("SMDIST_STALL_SHUTDOWN_TIME", "nan"),
+        ("SMDIST_HIERARCHICAL_ALLREDUCE", "maybe"),
+        ("SMDIST_CROSS_MEMORY_ATTACH", "2"),
+        ("SMDIST_SHM_SEGMENT_BYTES", "16M"),
+        ("SMDIST_SHARED_OUTPUT_BYTES", "-1"),
+    ]
+
+    def test_each_malformed_value_fails_init(self):
+        for variable, value in self.CASES:
+            with self.subTest(variable=variable, value=value):
+                sd.shutdown()
+                os.environ[variable] = value
+                try:
+                    with self.assertRaisesRegex(ValueError, rf"{variable}='{re.escape(value)}' is not valid"):
+                        sd.init()
+                    self.assertFalse(sd.is_initialized())
+                finally:
+                    restart_engine(**{variable: ""})
+                self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name=f"setting.{variable}"), [SIZE])
+
+    def test_well_formed_values_are_taken(self):
+        restart_engine(SMDIST_FUSION_THRESHOLD="1e6", SMDIST_HIERARCHICAL_ALLREDUCE="false", HOROVOD_CYCLE_TIME="2.5")
+        try:
+            config = sd.engine_config()
+            self.assertEqual(config["fusion_threshold_bytes"], 1000000)
+            self.assertFalse(config["hierarchical_allreduce"])
+            self.assertEqual(config["cycle_time_ms"], 2.5)
+        finally:
+            restart_engine(SMDIST_FUSION_THRESHOLD="", SMDIST_HIERARCHICAL_ALLREDUCE="", HOROVOD_CYCLE_TIME="")
+
+    def test_malformed_compression_fails_where_it_is_passed(self):
+        for compression in ["fp16", None, 3]:
+            with self.subTest(compression=compression):
+                with self.assertRaisesRegex(TypeError, "compression must be smdist_tf.Compression"):
+                    sd.allreduce(tf.ones([2]), compression=compression)
+                with self.assertRaisesRegex(TypeError, "compression must be smdist_tf.Compression"):
+                    sd.grouped_allreduce([tf.ones([2])], compression=compression)
+                with self.assertRaisesRegex(TypeError, "compression must be smdist_tf.Compression"):
+                    sd.DistributedGradientTape(tf.GradientTape(), compression=compression)
+        self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name="compression.after"), [SIZE])
+
+
+class StallWarningRepeatsTest(tf.test.TestCase):
+    """While a collective waits, rank 0 warns every check period, naming it and the missing ranks."""
+
+    def test_warning_repeats_every_check_period(self):
+        restart_engine(SMDIST_STALL_CHECK_TIME="1")
+        try:
+            with CapturedStderr() as captured:
+                if RANK == LAST:
+                    time.sleep(4.5)
+                sd.allreduce(tf.ones([1]), name="stall.repeat")
+            if RANK == 0:
+                warnings = re.findall(r"WARNING: stall: .*", captured.text)
+                self.assertGreaterEqual(len(warnings), 3, captured.text)
+                self.assertLessEqual(len(warnings), 6, captured.text)
+                self.assertEqual(captured.text.count(f"'stall.repeat' was submitted by rank(s)"), len(warnings))
+                self.assertRegex(captured.text, rf"not by rank\(s\) \[{LAST}\]")
+        finally:
+            restart_engine(SMDIST_STALL_CHECK_TIME="")
+
+    def test_warning_names_many_stalled_collectives_at_once(self):
+        restart_engine(SMDIST_STALL_CHECK_TIME="1")
+        try:
+            names = [f"stall.many.{i}" for i in range(12)]
+            with CapturedStderr() as captured:
+                if RANK == LAST:
+                    time.sleep(2.5)
+                sd.grouped_allreduce([tf.ones([1])] * len(names), name="stall.many")
+            if RANK == 0:
+                first = captured.text.split("WARNING: stall:")[1]
+                self.assertIn("12 collective(s) waiting", first)
+                self.assertIn("... and 2 more", first)
+        finally:
+            restart_engine(SMDIST_STALL_CHECK_TIME="")
+
+
+class FailureAnnouncementTest(tf.test.TestCase):
+    """What a rank exiting with an error tells the others: their collectives fail at once, naming it."""
+
+    def test_peers_fail_naming_the_rank_that_failed(self):
+        from smdist_tf import peer_failure
+
+        culprit = LAST
+        if RANK == culprit:
+            time.sleep(0.5)  # the others are waiting in the allreduce by now
+            _rt._announce_failure(f"rank {culprit} is exiting with code 3")
+            self.assertEqual(_rt.failed_peer(), -1)  # not an echo here: this rank is the cause
+        else:
+            start = time.monotonic()
+            try:
+                sd.allreduce(tf.ones([1]), name="announce.never")
+            except tf.errors.AbortedError as e:  # kept with its traceback, which the hook reports
+                error = e
+            else:
+                self.fail("the allreduce did not fail")
+            self.assertLess(time.monotonic() - start, 10)
+            self.assertIn(f"rank {culprit} is exiting with code 3; {peer_failure.STOP_MESSAGE}", error.message)
+            self.assertEqual(_rt.failed_peer(), culprit)
+            # An unhandled echo prints one line (no traceback) and tells smdistrun it is not the cause.
+            printed = io.StringIO()
+            with contextlib.redirect_stderr(printed):
+                peer_failure._excepthook(lambda *args: self.fail("the full traceback was printed"))(
+                    type(error), error, error.__traceback__)
+            self.assertRegex(printed.getvalue(), rf"^\[smdist_tf rank {RANK}\] AbortedError at .*suite_reliability\.py:\d+: "
+                                                 rf"rank {culprit} is exiting with code 3; {peer_failure.STOP_MESSAGE}\n$")
+            with CapturedStderr() as captured:
+                os.environ["SMDISTRUN_TOKEN"] = "t0ken"
+                try:
+                    peer_failure._tell_launcher()
+                finally:
+                    del os.environ["SMDISTRUN_TOKEN"]
+            self.assertEqual(captured.text, "@smdistrun@t0ken failed-because-of-peer\n")
+        with self.assertRaisesRegex(tf.errors.AbortedError, "exiting with code 3"):
+            sd.allreduce(tf.ones([1]), name="announce.after")
+        restart_engine()
+        self.assertEqual(_rt.failed_peer(), -1)
+        self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name="announce.recovered"), [SIZE])

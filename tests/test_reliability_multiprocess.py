@@ -1,0 +1,11 @@
+"""Bounded per-name memory, the response cache's eviction, unsafe timeline paths, malformed settings and
+repeated stall warnings, with 2 and 4 real MPI ranks."""
+
+import pytest
+
+from tests.mpi_harness import run_suite
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_reliability_suite(np):
+    run_suite("suite_reliability.py", np, timeout=600)
