@@ -12,7 +12,8 @@ Every --sample-seconds each rank reports its resident memory, open file
 descriptors and threads, and rank 0 the bytes and files in /dev/shm. Rank 0
 prints one JSON line per sample (``"kind": "sample"``, the maximum over ranks)
 and a summary (``"kind": "summary"``): each resource's growth from the first
-sample after --warmup-minutes to the last, and the calls and bytes moved.
+sample after --warmup-minutes to the last and over the second half of that
+span, and the calls and bytes moved.
 """
 
 from __future__ import annotations
@@ -168,8 +169,12 @@ def main() -> None:
         summary = {"kind": "summary", "np": sd.size(), "minutes": round(last["minute"], 2), "calls": mix.calls,
                    "gib_moved": round(mix.bytes / 2**30, 2), "fresh_names": mix.fresh,
                    "from_minute": first["minute"]}
+        # The second half tells a leak (still growing) from a slow warm-up (pools filling).
+        middle = steady[len(steady) // 2]
+        summary["second_half_from_minute"] = middle["minute"]
         for key in ["rss_mib", "fds", "threads", "shm_files", "shm_mib"]:
             summary[f"{key}_growth"] = round(last[key] - first[key], 2)
+            summary[f"{key}_growth_second_half"] = round(last[key] - middle[key], 2)
             summary[f"{key}_max"] = max(s[key] for s in steady)
         print(json.dumps(summary), flush=True)
 
