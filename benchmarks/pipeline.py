@@ -1,6 +1,6 @@
 """Pipeline-parallel step time, bubble fraction, activation and weight memory, GPipe vs 1F1B.
 
-    mpirun -np 2 python benchmarks/pipeline.py --microbatches 1 2 4 8
+    smdistrun -np 2 python benchmarks/pipeline.py --microbatches 1 2 4 8
 
 Prints one JSON line per (schedule, microbatches) on rank 0:
   step_seconds        median wall time of one training step (schedule + gradient sync)

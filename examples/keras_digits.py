@@ -4,7 +4,7 @@ Create and compile the model inside ``strategy.scope()`` and call ``fit``: each 
 trains on its shard of every global batch, gradients are averaged over all ranks in
 one fused allreduce, and the logs Keras returns are global. Run with:
 
-    mpirun -np 2 python examples/keras_digits.py
+    smdistrun -np 2 python examples/keras_digits.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Pipeline-parallel Keras training on scikit-learn's digits.
 
-    mpirun -np 2 python examples/keras_pipeline_digits.py             # 2 stages
-    mpirun -np 4 python examples/keras_pipeline_digits.py --stages 2  # 2 stages x 2 replicas
+    smdistrun -np 2 python examples/keras_pipeline_digits.py             # 2 stages
+    smdistrun -np 4 python examples/keras_pipeline_digits.py --stages 2  # 2 stages x 2 replicas
 
 Every rank passes the same model-building function and feeds the same data;
 PipelineModel gives each rank only its own stage's weights and runs that stage, and

@@ -6,7 +6,7 @@ learning rate by the number of ranks, wrap the tape, broadcast the model and
 optimizer after the first step, average the loss out of band, checkpoint on rank 0.
 Run with:
 
-    mpirun -np 2 python examples/tf2_custom_loop.py
+    smdistrun -np 2 python examples/tf2_custom_loop.py
 """
 
 from __future__ import annotations

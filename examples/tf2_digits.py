@@ -4,7 +4,7 @@ The TF2 pattern Horovod and SageMaker data-parallel users know: wrap the tape,
 broadcast the initial state after the first step, average the loss out of band,
 evaluate globally. Run with:
 
-    mpirun -np 2 python examples/tf2_digits.py
+    smdistrun -np 2 python examples/tf2_digits.py
 """
 
 from __future__ import annotations

@@ -3,20 +3,37 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import tensorflow as tf
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
-_REBUILD_HINT = "rebuild it with `pip install --no-build-isolation -e .` (or `python cc_ops/build.py`)"
+
+
+def rebuild_hint(package_dir: Path = _PACKAGE_DIR) -> str:
+    """How to rebuild the native libraries for the TensorFlow this Python imports.
+
+    In a source checkout (an editable install, or running from the tree) that is the
+    build script with this Python, given by absolute paths so it works from any
+    directory. The build notices a changed TensorFlow or MPI (its toolchain stamp) and
+    then recompiles everything. An installed copy is rebuilt by installing again from
+    the source tree.
+    """
+    script = package_dir.parent / "cc_ops" / "build.py"
+    if script.is_file():
+        return f"rebuild it with `{shlex.quote(sys.executable)} {shlex.quote(str(script))}`"
+    return (f"rebuild it from the smdist_tf source directory with "
+            f"`{shlex.quote(sys.executable)} -m pip install --no-build-isolation --no-deps .`")
 
 
 def read_build_info() -> dict:
     """Returns what the native build recorded (TensorFlow version, MPI flavour)."""
     path = _PACKAGE_DIR / "build_info.json"
     if not path.exists():
-        raise ImportError(f"smdist_tf's native libraries are not built: {_REBUILD_HINT}")
+        raise ImportError(f"smdist_tf's native libraries are not built: {rebuild_hint()}")
     return json.loads(path.read_text())
 
 
@@ -29,7 +46,7 @@ def check_tensorflow_version(built_against: str, installed: str) -> None:
     if built_against != installed:
         raise ImportError(
             f"smdist_tf was built against TensorFlow {built_against} but TensorFlow "
-            f"{installed} is installed: {_REBUILD_HINT}"
+            f"{installed} is installed: {rebuild_hint()}"
         )
 
 

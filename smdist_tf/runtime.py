@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import atexit
-from typing import Any
+from typing import Any, Optional
 
 from smdist_tf import peer_failure
 from smdist_tf._native import build_info, runtime as _rt
@@ -137,7 +137,7 @@ def get_build_info() -> dict:
     return dict(build_info)
 
 
-def start_timeline(file_path: str) -> None:
+def start_timeline(file_path: str, mark_cycles: Optional[bool] = None) -> None:
     """Starts writing this rank's Chrome-trace timeline to ``file_path``.
 
     Open it in chrome://tracing or https://ui.perfetto.dev: one row per tensor,
@@ -146,12 +146,20 @@ def start_timeline(file_path: str) -> None:
     starts one at ``init()`` instead: ``{rank}`` in the path is replaced by the
     rank, otherwise jobs of more than one rank append ``.<rank>``.
 
+    Args:
+        file_path: where this rank's trace goes (see above for ``{rank}``).
+        mark_cycles: whether to mark the start of every engine cycle that ran
+            collectives with an instant event ``CYCLE_START``; ``None`` takes
+            ``SMDIST_TIMELINE_MARK_CYCLES`` (``smdistrun --timeline-mark-cycles``).
+
     Raises:
         ValueError: if the file cannot be written, or the path is a symbolic
             link (never followed) or an existing non-regular file. An existing
             regular file is overwritten, with a warning.
     """
-    _rt.start_timeline(str(file_path))
+    if mark_cycles is None:
+        mark_cycles = _rt.config()["timeline_mark_cycles"]  # raises ValueError before init()
+    _rt.start_timeline(str(file_path), bool(mark_cycles))
 
 
 def stop_timeline() -> None:

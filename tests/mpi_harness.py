@@ -38,15 +38,13 @@ def mpi_env(extra: dict | None = None) -> dict:
     return env
 
 
-def run_under_mpi(np: int, argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:
-    """Runs ``python argv...`` on ``np`` ranks; returns (exit code, combined output).
+def run_process_group(argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[int, str]:
+    """Runs ``argv`` in its own process group; returns (exit code, combined output).
 
-    The whole process group is killed on timeout so a hung job cannot outlive the test.
+    The whole group is killed on timeout so a hung job cannot outlive the test.
     """
-    cmd = [mpirun_path(), "-np", str(np), "--oversubscribe", "--bind-to", "none", sys.executable, *argv]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=mpi_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -54,6 +52,12 @@ def run_under_mpi(np: int, argv: list[str], timeout: float, env: dict | None = N
         out, _ = proc.communicate()
         return 124, f"TIMED OUT after {timeout} s\n{out}"
     return proc.returncode, out
+
+
+def run_under_mpi(np: int, argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:
+    """Runs ``python argv...`` on ``np`` ranks; returns (exit code, combined output)."""
+    cmd = [mpirun_path(), "-np", str(np), "--oversubscribe", "--bind-to", "none", sys.executable, *argv]
+    return run_process_group(cmd, ROOT, mpi_env(env), timeout)
 
 
 def run_suite(suite: str, np: int, timeout: float, env: dict | None = None) -> str:

@@ -24,6 +24,7 @@ from smdist_tf.run.launcher import _NotLeader, main, plan
 from smdist_tf.run.mpi_command import (
     MpiFlavour, MpiJob, build_command, exported_names, launcher_env, parse_version_output,
 )
+from smdist_tf.run.rank_agent import TensorFlowStartupFilter
 from smdist_tf.run.restarts import backoff_s, restart_cause
 from smdist_tf.run.supervisor import Outcome, RankExit, Supervisor
 from smdist_tf.run.tuning_env import tuning_env
@@ -43,6 +44,17 @@ def test_run_is_both_package_and_function():
     assert smdist_tf.run.main is launcher_module.main
     assert "run" in smdist_tf.__all__
 
+
+def test_run_shows_its_real_signature():
+    import inspect
+    import pydoc
+
+    from smdist_tf.run.programmatic import run
+
+    signature = inspect.signature(smdist_tf.run)
+    assert signature == inspect.signature(run)
+    assert list(signature.parameters)[:5] == ["fn", "args", "kwargs", "np", "hosts"]
+    assert "Calling it: ``smdist_tf.run(fn" in pydoc.render_doc(smdist_tf.run)
 
 # ---------------------------------------------------------------- hosts
 
@@ -344,6 +356,36 @@ def test_local_plan_oversubscribes_only_past_the_cores():
     assert many.env["SMDIST_CYCLE_TIME"] == "4" and "SMDIST_CYCLE_TIME" in many.command
     assert many.command[-3:] == ["--", "python", "t.py"]
     assert sys.executable in many.command
+
+
+def test_agent_quiets_tensorflow_start_up_lines_unless_verbose():
+    quiet = plan(parse_args(["-np", "2", "python", "t.py"]), dict(os.environ))
+    verbose = plan(parse_args(["-np", "2", "--verbose", "python", "t.py"]), dict(os.environ))
+    assert quiet.command[-4:] == ["--quiet-tf-startup", "--", "python", "t.py"]
+    assert "--quiet-tf-startup" not in verbose.command
+
+
+def test_tensorflow_start_up_filter_takes_only_start_up_lines():
+    # As TensorFlow 2.21 prints them (TF_CPP_MIN_LOG_LEVEL=0), then lines that must stay.
+    start_up = [
+        b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        b"I0000 00:00:1795613081.366050   20408 port.cc:153] oneDNN custom operations are on. You may see "
+        b"slightly different numerical results due to floating-point round-off errors.",
+        b"I0000 00:00:1795613081.406146   20408 cpu_feature_guard.cc:227] This TensorFlow binary is optimized to "
+        b"use available CPU instructions in performance-critical operations.",
+        b"To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow with the "
+        b"appropriate compiler flags.",
+        b"E0000 00:00:1700000000.000000    1 cuda_dnn.cc:8310] Unable to register cuDNN factory: Attempting to "
+        b"register factory for plugin cuDNN when one has already been registered",
+    ]
+    kept = [
+        b"To enable the following instructions: only right after the CPU-feature line",
+        b"W0000 00:00:1795613081.5   20408 op_kernel.cc:1841] OP_REQUIRES failed at allreduce",
+        b"[smdist_tf rank 1] WARNING: stall: 1 collective(s) waiting",
+        b"Traceback (most recent call last):",
+    ]
+    hide = TensorFlowStartupFilter()
+    assert [hide(line) for line in start_up + kept] == [True] * len(start_up) + [False] * len(kept)
 
 
 # ---------------------------------------------------------------- supervisor bookkeeping

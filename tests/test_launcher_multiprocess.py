@@ -1,9 +1,10 @@
-"""smdistrun with real mpirun: output tagging, flag delivery, failures, signals, smdist_tf.run,
-bad arguments, and two hosts made of Linux network namespaces.
+"""smdistrun with real mpirun: output tagging, flag delivery (to the engine too), TensorFlow's start-up
+lines from rank 0 only, failures, signals, smdist_tf.run, bad arguments, and two hosts made of Linux
+network namespaces.
 
 Launcher mechanics run tiny standard-library rank programs (tests/mp/suite_launcher_ranks.py)
-so each job starts in well under a second; only the programmatic-allreduce and the two-host
-tests import TensorFlow on the ranks. Most jobs run main() in this process; the SIGTERM test
+so each job starts in well under a second; only the programmatic-allreduce, engine-flag,
+TensorFlow start-up and two-host tests import TensorFlow on the ranks. Most jobs run main() in this process; the SIGTERM test
 runs the real console script.
 """
 
@@ -107,6 +108,40 @@ def test_failed_rank_stops_the_others_with_its_code(np, capfd, deadline):
     assert elapsed < 20, f"the other ranks were not stopped promptly ({elapsed:.1f} s)"
     time.sleep(0.5)
     assert leftovers(tag) == []
+
+
+def test_log_level_and_cycle_marks_reach_the_engine(tmp_path, capfd, deadline):
+    deadline(120)
+    code = main(["-np", "2", "--log-level", "info", "--timeline-filename", str(tmp_path / "tl.json"),
+                 "--timeline-mark-cycles", *ranks("engine_flags", uuid.uuid4().hex)])
+    _, err = capfd.readouterr()
+    assert code == 0, err
+    for r in range(2):
+        assert f"[{r}]<stderr>:[smdist_tf rank {r}] INFO: engine started: rank {r} of 2 on host " in err, err
+        events = json.loads((tmp_path / f"tl.json.{r}").read_text())
+        marks = [e for e in events if e.get("name") == "CYCLE_START"]
+        assert marks and all(e["pid"] == r for e in marks), events
+
+
+TF_STARTUP = re.compile(r"^\[(\d)\]<stderr>:(WARNING: All log messages before absl::InitializeLog|"
+                        r"[IWE]\d{4} .*\] (oneDNN custom operations|This TensorFlow binary is optimized)|"
+                        r"To enable the following instructions)", re.M)
+
+
+def test_tensorflow_start_up_lines_come_from_rank_zero_unless_verbose(monkeypatch, capfd, deadline):
+    deadline(120)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # the most start-up lines TensorFlow prints
+    by_rank = {}
+    for flags in ([], ["--verbose"]):
+        code = main(["-np", "2", *flags, *ranks("tf_startup", uuid.uuid4().hex)])
+        _, err = capfd.readouterr()
+        assert code == 0, err
+        assert "[0]<stderr>:imported 0\n" in err and "[1]<stderr>:imported 1\n" in err  # other lines pass
+        lines = TF_STARTUP.findall(err)
+        by_rank[bool(flags)] = [sum(rank == str(r) for rank, *_ in lines) for r in range(2)]
+    quiet, verbose = by_rank[False], by_rank[True]
+    assert quiet[0] > 0 and quiet[1] == 0, quiet
+    assert verbose[0] == verbose[1] == quiet[0], verbose
 
 
 def test_killed_rank_is_reported(capfd, deadline):

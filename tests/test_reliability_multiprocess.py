@@ -1,5 +1,5 @@
-"""Bounded per-name memory, the response cache's eviction, unsafe timeline paths, malformed settings and
-repeated stall warnings, with 2 and 4 real MPI ranks."""
+"""Bounded per-name memory, the response cache's eviction, unsafe timeline paths, malformed settings,
+repeated stall warnings, the engine's log level and timeline cycle marks, with 2 and 4 real MPI ranks."""
 
 import pytest
 

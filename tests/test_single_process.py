@@ -5,6 +5,8 @@ unchanged on a laptop without mpirun.
 """
 
 import ast
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 import smdist_tf as sd
-from smdist_tf._native import check_tensorflow_version
+from smdist_tf._native import check_tensorflow_version, rebuild_hint
 from tests.mpi_harness import ROOT, mpi_env
 
 
@@ -55,10 +57,21 @@ class BuildTest(tf.test.TestCase):
         self.assertEqual(info["tensorflow_version"], tf.__version__)
         self.assertIn(info["mpi_flavour"], ("openmpi", "mpich"))
 
-    def test_tensorflow_version_mismatch_says_rebuild(self):
+    def test_tensorflow_version_mismatch_gives_a_rebuild_command_that_exists(self):
         check_tensorflow_version("2.21.0", "2.21.0")
-        with self.assertRaisesRegex(ImportError, "built against TensorFlow 2.20.0 but TensorFlow 2.21.0 is installed: rebuild"):
+        with self.assertRaisesRegex(ImportError, "built against TensorFlow 2.20.0 but TensorFlow 2.21.0 is installed: rebuild") as raised:
             check_tensorflow_version("2.20.0", "2.21.0")
+        # In a checkout: this Python running the build script, by absolute paths (works from any directory;
+        # the build recompiles everything when TensorFlow changed, see docs/installation.md#rebuilding).
+        command = shlex.split(re.search(r"`([^`]+)`", str(raised.exception)).group(1))
+        self.assertEqual(command, [sys.executable, str(ROOT / "cc_ops" / "build.py")])
+        self.assertTrue(Path(command[1]).is_file())
+        self.assertNotIn("-e .", str(raised.exception))
+
+    def test_installed_copy_is_told_to_reinstall_from_source(self):
+        hint = rebuild_hint(Path(self.get_temp_dir()) / "site-packages" / "smdist_tf")
+        self.assertIn(f"{sys.executable} -m pip install --no-build-isolation --no-deps .", hint)
+        self.assertIn("source directory", hint)
 
     def test_import_refuses_other_tensorflow_build(self):
         # Simulate a stale build by pointing the record at another version.

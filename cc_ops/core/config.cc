@@ -69,6 +69,13 @@ Status ReadFlag(const char* ours, const char* horovod, bool* out) {
   return Status::OK();
 }
 
+Status ReadLogLevel(const char* ours, const char* horovod, LogLevel* out) {
+  const EnvValue v = FirstSet(ours, horovod);
+  if (v.text == nullptr) return Status::OK();
+  if (!ParseLogLevel(v.text, out)) return Malformed(v, "one of TRACE, DEBUG, INFO, WARNING, ERROR, FATAL");
+  return Status::OK();
+}
+
 }  // namespace
 
 Status EngineConfig::FromEnvironment(EngineConfig* out) {
@@ -94,6 +101,9 @@ Status EngineConfig::FromEnvironment(EngineConfig* out) {
   SMDIST_RETURN_IF_ERROR(ReadCount("SMDIST_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", 0, &c.cache_capacity));
   const EnvValue timeline = FirstSet("SMDIST_TIMELINE", "HOROVOD_TIMELINE");
   if (timeline.text != nullptr) c.timeline_path = timeline.text;
+  SMDIST_RETURN_IF_ERROR(
+      ReadFlag("SMDIST_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", &c.timeline_mark_cycles));
+  SMDIST_RETURN_IF_ERROR(ReadLogLevel("SMDIST_LOG_LEVEL", "HOROVOD_LOG_LEVEL", &c.log_level));
   const EnvValue host = FirstSet("SMDIST_HOSTNAME", nullptr);
   if (host.text != nullptr) {
     c.hostname = host.text;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "logging.h"
 #include "status.h"
 
 namespace smdist {
@@ -39,6 +40,9 @@ struct EngineConfig {
   // Collectives remembered for bit-vector negotiation; 0 disables the cache.
   int64_t cache_capacity = 1024;
   std::string timeline_path;  // Chrome-trace output; empty disables
+  // An instant event in the timeline for every cycle that ran collectives.
+  bool timeline_mark_cycles = false;
+  LogLevel log_level = LogLevel::kWarning;  // less severe messages are dropped
 
   // Reads SMDIST_* (or HOROVOD_*) variables; a malformed value is an
   // InvalidArgument error naming the variable.

@@ -58,6 +58,13 @@ constexpr double kFailureAnnounceSeconds = 1.0;
 constexpr auto kFailureReportGrace = std::chrono::milliseconds(300);
 
 void OnProcessExit(int status, void*) { Engine::Instance().AtProcessExit(status); }
+
+// "1" or "2.5" rather than std::to_string's "2.500000".
+std::string FormatNumber(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
 }  // namespace
 
 Engine::~Engine() {
@@ -83,6 +90,7 @@ Status Engine::Init() {
   // Settings first: a malformed variable fails before anything starts.
   EngineConfig config;
   SMDIST_RETURN_IF_ERROR(EngineConfig::FromEnvironment(&config));
+  SetLogLevel(config.log_level);
   for (const std::string& path : RemoveStaleSharedMemorySegments()) {
     LogWarning("removed " + path + ", left behind by a job that was killed");
   }
@@ -98,8 +106,8 @@ Status Engine::Init() {
   if (!config_.timeline_path.empty()) {
     // While nothing else holds the transport, so a refused path fails init cleanly.
     const Topology& topo = mpi->topology();
-    SMDIST_RETURN_IF_ERROR(
-        timeline_.Start(TimelinePathOfRank(config_.timeline_path, topo.rank, topo.size), topo.rank));
+    SMDIST_RETURN_IF_ERROR(timeline_.Start(TimelinePathOfRank(config_.timeline_path, topo.rank, topo.size),
+                                           topo.rank, config_.timeline_mark_cycles));
   }
   config_.cross_memory_min_bytes = mpi->cross_memory_min_bytes();
   config_.cross_memory_min_measured = mpi->cross_memory_min_measured();
@@ -118,6 +126,15 @@ Status Engine::Init() {
     p2p_ = std::move(p2p);
   }
   SetLogRank(transport_->topology().rank);
+  if (LogEnabled(LogLevel::kInfo)) {
+    const Topology& t = transport_->topology();
+    LogInfo("engine started: rank " + std::to_string(t.rank) + " of " + std::to_string(t.size) + " on host " +
+            config_.hostname + " (local rank " + std::to_string(t.local_rank) + " of " +
+            std::to_string(t.local_size) + ", host " + std::to_string(t.cross_rank) + " of " +
+            std::to_string(t.cross_size) + "); intra-host allreduce: " + transport_->intra_host_allreduce() +
+            "; fusion threshold " + std::to_string(config_.fusion_threshold_bytes) + " bytes, cycle time " +
+            FormatNumber(config_.cycle_time_ms) + " ms, response cache " + std::to_string(config_.cache_capacity));
+  }
   queue_ = std::make_unique<TensorQueue>();
   shutdown_requested_ = false;
   loop_done_ = false;
@@ -136,13 +153,13 @@ Status Engine::Init() {
   return Status::OK();
 }
 
-Status Engine::StartTimeline(const std::string& path) {
+Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
   std::lock_guard<std::mutex> lock(lifecycle_mu_);
   if (!initialized_) {
     return Status::PreconditionFailed("smdist_tf has not been initialized: call smdist_tf.init() first");
   }
   const Topology& topo = transport_->topology();
-  return timeline_.Start(TimelinePathOfRank(path, topo.rank, topo.size), topo.rank);
+  return timeline_.Start(TimelinePathOfRank(path, topo.rank, topo.size), topo.rank, mark_cycles);
 }
 
 Status Engine::Shutdown() {
@@ -295,6 +312,7 @@ Status Engine::Recv(RecvMessage message) {
 }
 
 void Engine::Stop(const std::string& reason) {
+  LogInfo("engine stopped: " + reason);
   {
     std::lock_guard<std::mutex> state(state_mu_);
     running_ = false;
@@ -491,7 +509,26 @@ bool Engine::Execute(CycleState* state, const Response& response, bool remember)
   return true;
 }
 
+namespace {
+// "allreduce of 3 tensor(s): a, b, c" (the first few names) for debug logs.
+std::string DescribeResponse(const Response& response) {
+  constexpr size_t kNamesShown = 8;
+  std::string text = response.response_type == ResponseType::kError
+                         ? std::string("error for")
+                         : std::string(CollectiveTypeName(response.type)) + " of";
+  text += " " + std::to_string(response.names.size()) + " tensor(s):";
+  for (size_t i = 0; i < response.names.size() && i < kNamesShown; ++i) {
+    text += (i == 0 ? " " : ", ") + response.names[i];
+  }
+  if (response.names.size() > kNamesShown) {
+    text += ", ... (" + std::to_string(response.names.size() - kNamesShown) + " more)";
+  }
+  return text;
+}
+}  // namespace
+
 bool Engine::RunCycle(CycleState* state) {
+  const auto cycle_start = Timeline::Clock::now();
   std::vector<Request> fresh;
   queue_->PopRequests(&fresh);
   std::vector<Request> uncached = std::move(state->requeued);
@@ -521,6 +558,20 @@ bool Engine::RunCycle(CycleState* state) {
     return false;
   }
 
+  // Marked before executing: completing a collective can let its caller stop
+  // the timeline (or shut down) before this cycle ends.
+  const size_t responses = cached_ready.size() + full.responses.size();
+  if (responses > 0) {
+    size_t tensors = 0;
+    for (const Response& r : cached_ready) tensors += r.names.size();
+    for (const Response& r : full.responses) tensors += r.names.size();
+    timeline_.MarkCycle(cycle_start, tensors);
+    if (LogEnabled(LogLevel::kTrace)) {
+      LogTrace("cycle runs " + std::to_string(responses) + " response(s) of " + std::to_string(tensors) +
+               " tensor(s): " + std::to_string(cached_ready.size()) + " cached, " +
+               std::to_string(full.responses.size()) + " negotiated");
+    }
+  }
   for (const Response& response : cached_ready) {
     if (!Execute(state, response, /*remember=*/false)) return false;
   }
@@ -537,6 +588,7 @@ bool Engine::RunCycle(CycleState* state) {
     state->cache.Erase(name);
   }
   for (const Response& response : full.responses) {
+    if (LogEnabled(LogLevel::kDebug)) LogDebug("negotiated " + DescribeResponse(response));
     if (!Execute(state, response, /*remember=*/true)) return false;
   }
   if (full.shutdown) {

@@ -55,8 +55,9 @@ class Engine {
   bool owns_mpi() const;
   EngineConfig config() const;
 
-  // Chrome-trace timeline of this rank (SMDIST_TIMELINE opens one at init).
-  Status StartTimeline(const std::string& path);
+  // Chrome-trace timeline of this rank (SMDIST_TIMELINE opens one at init),
+  // with an instant event per cycle that ran collectives when `mark_cycles`.
+  Status StartTimeline(const std::string& path, bool mark_cycles);
   void StopTimeline() { timeline_.Stop(); }
 
   // Queues entries submitted together (they are negotiated in the same

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -70,7 +71,7 @@ std::string TimelinePathOfRank(std::string path, int rank, int size) {
   return path;
 }
 
-Status Timeline::Start(const std::string& path, int rank) {
+Status Timeline::Start(const std::string& path, int rank, bool mark_cycles) {
   Stop();
   std::lock_guard<std::mutex> lock(mu_);
   int fd = -1;
@@ -82,6 +83,7 @@ Status Timeline::Start(const std::string& path, int rank) {
     return CannotWrite(path, std::strerror(err));
   }
   rank_ = rank;
+  mark_cycles_ = mark_cycles;
   first_event_ = true;
   rows_.clear();
   origin_ = Clock::now();
@@ -126,6 +128,21 @@ void Timeline::Record(const std::vector<std::string>& names, const char* phase,
                  phase, rank_, row, static_cast<long long>(ts), static_cast<long long>(dur),
                  names.size(), extra_args == nullptr ? "" : ",", extra_args == nullptr ? "" : extra_args);
   }
+}
+
+void Timeline::MarkCycle(Clock::time_point begin, size_t tensors) {
+  if (!active_) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_ == nullptr || !mark_cycles_) return;
+  // A cycle that began before this timeline did is marked at its start.
+  const auto ts = std::max<long long>(
+      0, std::chrono::duration_cast<std::chrono::microseconds>(begin - origin_).count());
+  // Scope "p": a line across this rank's rows (each rank writes its own file).
+  std::fprintf(file_,
+               "%s{\"name\":\"CYCLE_START\",\"ph\":\"i\",\"s\":\"p\",\"pid\":%d,\"tid\":0,\"ts\":%lld,"
+               "\"args\":{\"tensors\":%zu}}",
+               first_event_ ? "" : ",\n", rank_, static_cast<long long>(ts), tensors);
+  first_event_ = false;
 }
 
 }  // namespace smdist

@@ -1,6 +1,7 @@
 // Chrome-trace (chrome://tracing, Perfetto) timeline of what the engine does
 // with each tensor: negotiation, fusion copy-in, the transfer, copy-out.
-// One row per tensor name; the process id is the rank.
+// One row per tensor name; the process id is the rank. Optionally an instant
+// event marks the start of every cycle that ran collectives.
 #pragma once
 
 #include <chrono>
@@ -20,10 +21,10 @@ class Timeline {
 
   ~Timeline() { Stop(); }
 
-  // Starts writing to `path` (replacing an earlier timeline of this process).
-  // Refuses a symbolic link or anything but a regular file; an existing file
-  // is overwritten with a warning.
-  Status Start(const std::string& path, int rank);
+  // Starts writing to `path` (replacing an earlier timeline of this process),
+  // with cycle marks when `mark_cycles`. Refuses a symbolic link or anything
+  // but a regular file; an existing file is overwritten with a warning.
+  Status Start(const std::string& path, int rank, bool mark_cycles);
   // Finishes the JSON document and closes the file.
   void Stop();
   bool active() const { return active_; }
@@ -32,12 +33,16 @@ class Timeline {
   // (optional) is more members of the event's "args" object, already JSON.
   void Record(const std::vector<std::string>& names, const char* phase, Clock::time_point begin,
               Clock::time_point end, const char* extra_args = nullptr);
+  // With cycle marks on: a process-wide instant event "CYCLE_START" at
+  // `begin`, the start of a cycle that ran `tensors` tensors' collectives.
+  void MarkCycle(Clock::time_point begin, size_t tensors);
 
  private:
   int RowLocked(const std::string& name);
 
   std::mutex mu_;
   bool active_ = false;  // read without the lock as a cheap hint
+  bool mark_cycles_ = false;
   std::FILE* file_ = nullptr;
   int rank_ = 0;
   bool first_event_ = true;

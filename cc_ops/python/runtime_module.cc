@@ -45,8 +45,8 @@ PYBIND11_MODULE(_runtime, m) {
   });
   m.def("failed_peer", [] { return smdist::Engine::Instance().failed_peer(); });
   m.def("owns_mpi", [] { return smdist::Engine::Instance().owns_mpi(); });
-  m.def("start_timeline", [](const std::string& path) {
-    RaiseIfError(smdist::Engine::Instance().StartTimeline(path));
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    RaiseIfError(smdist::Engine::Instance().StartTimeline(path, mark_cycles));
   });
   m.def("stop_timeline", [] { smdist::Engine::Instance().StopTimeline(); });
   m.def("is_initialized", [] { return smdist::Engine::Instance().initialized(); });
@@ -82,6 +82,8 @@ PYBIND11_MODULE(_runtime, m) {
     d["shared_output_bytes"] = c.shared_output_bytes;
     d["cache_capacity"] = c.cache_capacity;
     d["timeline"] = c.timeline_path;
+    d["timeline_mark_cycles"] = c.timeline_mark_cycles;
+    d["log_level"] = smdist::LogLevelName(c.log_level);
     // What the transport actually chose (the settings above are only wishes).
     d["intra_host_allreduce"] = smdist::Engine::Instance().intra_host_allreduce();
     return d;

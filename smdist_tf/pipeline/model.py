@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import keras
 import numpy as np
@@ -84,6 +85,9 @@ class PipelineModel(keras.Model):
             stages begin.
         recompute: hold only stage inputs and recompute the forward during the backward.
         verbose: print the stage summary on rank 0.
+        progress_on_rank_zero_only: route Keras' progress bars and messages of
+            ``fit``/``evaluate``/``predict`` on the other ranks to absl logging (hidden by
+            default), so one rank prints them, as ``DataParallelStrategy`` does.
         name: model name.
 
     Raises:
@@ -93,7 +97,7 @@ class PipelineModel(keras.Model):
 
     def __init__(self, model: ModelOrBuilder, num_stages: int, num_microbatches: int, schedule: str = "1f1b",
                  partition: partition_lib.PartitionSpec = "auto", recompute: bool = False,
-                 verbose: bool = True, name: Optional[str] = None):
+                 verbose: bool = True, progress_on_rank_zero_only: bool = True, name: Optional[str] = None):
         if not isinstance(num_microbatches, int) or num_microbatches < 1:
             raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
         if schedule not in schedule_lib.SCHEDULES:
@@ -154,6 +158,7 @@ class PipelineModel(keras.Model):
         trainable = model.trainable_variables
         self._sync = GradientSync(self._plan(trainable, [position.get(id(v)) for v in trainable]), self.topology.dp_size)
         self._verify_batch = True
+        self._quiet_progress = progress_on_rank_zero_only and sd.rank() != 0
         self.built = True
         if verbose and sd.rank() == 0:
             print(self.stage_summary(), flush=True)
@@ -281,15 +286,42 @@ class PipelineModel(keras.Model):
 
     def fit(self, *args, **kwargs):
         self._verify_batch = True
-        return super().fit(*args, **kwargs)
+        with self._progress_output():
+            return super().fit(*args, **kwargs)
 
     def evaluate(self, *args, **kwargs):
         self._verify_batch = True
-        return super().evaluate(*args, **kwargs)
+        with self._progress_output():
+            return super().evaluate(*args, **kwargs)
 
     def predict(self, *args, **kwargs):
         self._verify_batch = True
-        return super().predict(*args, **kwargs)
+        with self._progress_output():
+            return super().predict(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _progress_output(self) -> Iterator[None]:
+        """Keras' progress bars go to absl logging (hidden) on ranks other than 0 while a call runs."""
+        if not self._quiet_progress or not keras.config.is_interactive_logging_enabled():
+            yield
+            return
+        keras.config.disable_interactive_logging()
+        try:
+            yield
+        finally:
+            keras.config.enable_interactive_logging()
+
+    def save(self, filepath: Union[str, os.PathLike], *args: Any, **kwargs: Any) -> None:
+        """Not supported: a whole-model ``.keras`` file needs every stage's weights on one rank.
+
+        Raises:
+            NotImplementedError: always; the message names the alternatives.
+        """
+        raise NotImplementedError(
+            f"PipelineModel.save({os.fspath(filepath)!r}) is not supported: the model is split over ranks. "
+            "Save its weights with pipe.save_weights('model.weights.h5') (collective; any stage count or the "
+            "plain Keras model loads them), or, if the whole model fits in one process, call "
+            "pipe.gather_weights() on every rank and then pipe.unpartitioned.save(...) on one.")
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -494,11 +526,19 @@ class PipelineModel(keras.Model):
 
     # -- checkpoints -----------------------------------------------------------------------------
 
-    def gather_weights(self) -> None:
-        """Gives every rank's unpartitioned model every stage's current weights (collective).
+    def gather_weights(self) -> list[np.ndarray]:
+        """Gives every rank the whole model's current weights (collective: call it on every rank).
 
-        This materialises the **whole** model on every rank, undoing the per-stage memory
-        saving; use it to export or inspect a model that fits. ``save_weights`` does not need it.
+        Every stage's variables get their current values on every rank, so afterwards
+        ``pipe.unpartitioned`` (the Keras model that was split) is whole and can be
+        saved or run alone. This materialises the **whole** model on every rank, undoing
+        the per-stage memory saving; use it to export or inspect a model that fits.
+        ``save_weights`` does not need it.
+
+        Returns:
+            The weights as NumPy arrays in ``pipe.unpartitioned.get_weights()`` order (the
+            order a plain build of the same model takes in ``set_weights``), the same on
+            every rank.
         """
         variables = self.unpartitioned.variables
         values = []
@@ -510,6 +550,7 @@ class PipelineModel(keras.Model):
         for v, value in zip(variables, sd.grouped_allreduce(values, op=sd.Sum, name="pipeline.gather_weights")):
             weights_lib.set_value(v, from_bytes(value, v.dtype, v.shape))
         self.unpartitioned._smdist_released = False  # whole again: it may be wrapped anew
+        return self.unpartitioned.get_weights()
 
     @staticmethod
     def _check_h5(filepath: Union[str, os.PathLike]) -> str:

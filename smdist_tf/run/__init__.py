@@ -15,6 +15,7 @@ import it does not make itself.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from typing import Any
@@ -35,3 +36,7 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+# inspect.signature() and help() of the callable module show run()'s real parameters,
+# not __call__'s pass-through (fn, *args, **kwargs).
+__signature__ = inspect.signature(run)
+__doc__ = f"{__doc__}\nCalling it: ``smdist_tf.run{__signature__}``\n\n{inspect.getdoc(run)}\n"

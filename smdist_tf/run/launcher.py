@@ -127,6 +127,8 @@ def plan(s: LaunchSettings, environ: Mapping[str, str] | None = None, rank_comma
     agent = [sys.executable, RANK_AGENT]
     if s.output_filename:
         agent += ["--output-dir", os.path.abspath(s.output_filename)]
+    if not s.verbose:
+        agent.append("--quiet-tf-startup")  # TensorFlow's start-up lines from rank 0 only
     job = MpiJob(
         mpirun=mpirun, flavour=flavour, np=np, rank_command=agent + ["--"] + list(rank_command or s.command),
         hosts=hosts, oversubscribe=oversubscribe, ssh_port=s.ssh_port, ssh_identity_file=s.ssh_identity_file,

@@ -13,16 +13,22 @@ Between mpirun and the user's program it:
   outlives the job;
 * passes on the program's own word that its failure only echoes another rank's (an
   ``ECHO_EVENT`` marker line smdist_tf writes on stderr): such an exit is reported as
-  stopped, so the launcher names the rank that failed first.
+  stopped, so the launcher names the rank that failed first;
+* with ``--quiet-tf-startup``, leaves out TensorFlow's start-up lines (absl's
+  "before InitializeLog" notice, oneDNN, CPU features, CUDA registrations) on ranks
+  other than 0: every rank prints the same ones, and TF_CPP_MIN_LOG_LEVEL does not
+  silence those absl writes before its logging is set up. The ``--output-dir`` copies
+  keep them.
 
-Started as ``python rank_agent.py [--output-dir DIR] -- command ...``; running it by
-path keeps each rank's start cheap (no package import, no TensorFlow).
+Started as ``python rank_agent.py [--output-dir DIR] [--quiet-tf-startup] -- command ...``;
+running it by path keeps each rank's start cheap (no package import, no TensorFlow).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,6 +43,21 @@ ECHO_EVENT = "failed-because-of-peer"
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _KILL_GRACE_S = 3.0
+# TensorFlow's start-up lines, identical on every rank: absl's notice, then absl-formatted
+# lines ("I0000 00:00:1795613081.366050   20408 port.cc:153] oneDNN custom operations ...")
+# whose message starts with one of these.
+_ABSL_NOTICE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+_ABSL_LINE = re.compile(rb"^[IWE]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] (.*)$")
+_TF_STARTUP_MESSAGES = (
+    b"oneDNN custom operations are on.",
+    b"This TensorFlow binary is optimized to use available CPU instructions",
+    b"Unable to register cuDNN factory", b"Unable to register cuFFT factory", b"Unable to register cuBLAS factory",
+    b"computation placer already registered",
+    b"TF-TRT Warning: Could not find TensorRT",
+    b"Could not find cuda drivers on your machine",
+)
+# The CPU-feature message goes on with one more line of its own.
+_CPU_FEATURES_MESSAGE, _CPU_FEATURES_CONTINUATION = _TF_STARTUP_MESSAGES[1], b"To enable the following instructions:"
 
 
 def world_rank() -> int:
@@ -75,18 +96,41 @@ def parent_death_signal(signum: int) -> Callable[[], None]:
     return set_it
 
 
+class TensorFlowStartupFilter:
+    """Recognises TensorFlow's start-up lines, one line at a time (a line may continue the one before)."""
+
+    def __init__(self) -> None:
+        self._continuation: bytes | None = None
+
+    def __call__(self, line: bytes) -> bool:
+        """Whether ``line`` (without its newline) is one of TensorFlow's start-up lines."""
+        expected, self._continuation = self._continuation, None
+        if expected is not None and line.startswith(expected):
+            return True
+        if line == _ABSL_NOTICE:
+            return True
+        absl = _ABSL_LINE.match(line)
+        if absl is None or not absl.group(1).startswith(_TF_STARTUP_MESSAGES):
+            return False
+        if absl.group(1).startswith(_CPU_FEATURES_MESSAGE):
+            self._continuation = _CPU_FEATURES_CONTINUATION
+        return True
+
+
 class _Pump(threading.Thread):
     """Copies one pipe to our stream, a tag before each line, and optionally to a file.
 
     Lines that are the program's marker ``echo_line`` are not copied: they set ``echoed``.
+    Lines ``hide`` recognises go to the file only.
     """
 
     def __init__(self, pipe, stream, tag: bytes, copy_path: str | None, lock: threading.Lock,
-                 echo_line: bytes | None = None):
+                 echo_line: bytes | None = None, hide: Callable[[bytes], bool] | None = None):
         super().__init__(daemon=True)
         self.pipe, self.stream, self.tag, self.lock = pipe, stream, tag, lock
         self.copy = open(copy_path, "wb") if copy_path else None  # noqa: SIM115 - closed in run()
         self.echo_line = echo_line
+        self.hide = hide
         self.echoed = False
 
     def run(self) -> None:
@@ -97,12 +141,13 @@ class _Pump(threading.Thread):
                     continue
                 if not line.endswith(b"\n"):
                     line += b"\n"  # a final partial line still gets a line of its own
-                with self.lock:
-                    try:
-                        self.stream.write(self.tag + line)
-                        self.stream.flush()
-                    except (BrokenPipeError, ValueError):
-                        pass
+                if self.hide is None or not self.hide(line.rstrip(b"\n")):
+                    with self.lock:
+                        try:
+                            self.stream.write(self.tag + line)
+                            self.stream.flush()
+                        except (BrokenPipeError, ValueError):
+                            pass
                 if self.copy:
                     self.copy.write(line)
                     self.copy.flush()
@@ -112,9 +157,14 @@ class _Pump(threading.Thread):
 
 
 def main(argv: list[str]) -> int:
-    output_dir = None
-    if argv[:1] == ["--output-dir"] and len(argv) >= 2:
-        output_dir, argv = argv[1], argv[2:]
+    output_dir, quiet_tf_startup = None, False
+    while argv[:1] in (["--output-dir"], ["--quiet-tf-startup"]):
+        if argv[0] == "--quiet-tf-startup":
+            quiet_tf_startup, argv = True, argv[1:]
+        elif len(argv) >= 2:
+            output_dir, argv = argv[1], argv[2:]
+        else:
+            break
     if argv[:1] == ["--"]:
         argv = argv[1:]
     rank = world_rank()
@@ -177,7 +227,8 @@ def main(argv: list[str]) -> int:
     pumps = [
         _Pump(child.stdout, sys.stdout.buffer, f"[{rank}]<stdout>:".encode(), stdout_copy, lock_out),
         _Pump(child.stderr, sys.stderr.buffer, f"[{rank}]<stderr>:".encode(), stderr_copy, lock_err,
-              echo_line=f"{MARKER}{os.environ.get(TOKEN_ENV, '')} {ECHO_EVENT}".encode()),
+              echo_line=f"{MARKER}{os.environ.get(TOKEN_ENV, '')} {ECHO_EVENT}".encode(),
+              hide=TensorFlowStartupFilter() if quiet_tf_startup and rank != 0 else None),
     ]
     for pump in pumps:
         pump.start()

@@ -3,7 +3,8 @@
 ``python tests/mp/suite_launcher_ranks.py MODE TAG`` runs one mode; the tag is
 put on every process's command line so the test can look for leftovers. The
 launcher-mechanics modes use only the standard library (no TensorFlow import),
-so they start in milliseconds; ``topology`` and ``allreduce_info`` use smdist_tf.
+so they start in milliseconds; ``topology``, ``engine_flags`` and ``allreduce_info`` use
+smdist_tf, and ``tf_startup`` imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -88,6 +89,26 @@ def topology(tag: str) -> None:
     check("flat")
 
 
+def engine_flags(tag: str) -> None:
+    """One allreduce under the launcher's engine settings (log level, timeline), then a shutdown."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf  # noqa: PLC0415
+
+    import smdist_tf as sd  # noqa: PLC0415
+
+    sd.init()
+    sd.allreduce(tf.ones([2]), name="launcher.flags")
+    sd.shutdown()  # finishes the timeline file
+
+
+def tf_startup(tag: str) -> None:
+    """Imports TensorFlow (which prints its start-up lines on stderr), then says so on stderr."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    tf.ones([2]) + 1  # the first op: TensorFlow's kernels are set up
+    print(f"imported {RANK}", file=sys.stderr)
+
+
 # --- functions for smdist_tf.run(fn, ...): importable by name on every rank ---
 
 def add_rank(x: int, y: int = 0) -> dict:
@@ -116,7 +137,7 @@ def raise_on_rank_one() -> int:
 
 
 MODES = {"echo": echo, "fail_one": fail_one, "kill_self": kill_self, "hang_with_child": hang_with_child,
-         "topology": topology}
+         "topology": topology, "tf_startup": tf_startup, "engine_flags": engine_flags}
 
 if __name__ == "__main__":
     MODES[sys.argv[1]](sys.argv[2] if len(sys.argv) > 2 else "")

@@ -6,7 +6,9 @@ runs on every rank in the same order, so collectives and messages pair up.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import os
 import tempfile
 
@@ -622,3 +624,57 @@ class PipelineErrorTest(tf.test.TestCase):
         self.assertIn(RANK, pipeline.pp_group())
         self.assertEqual(pipeline.dp_group(), list(range(RANK % 2, SIZE, 2)))
         self.assertEqual(pm.pp_rank(), pipeline.pp_rank())
+
+
+class PipelineExportTest(tf.test.TestCase):
+    """What leaves a pipeline: the whole model's weights on every rank, progress output on rank 0, save()'s error."""
+
+    def test_gather_weights_returns_the_whole_model_on_every_rank(self):
+        x, y = data(16, seed=11)
+        pm = PipelineModel(mlp, num_stages=2, num_microbatches=2, verbose=False)
+        pm.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+        pm.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        expected = pm.predict(x, batch_size=8, verbose=0)
+        weights = pm.gather_weights()
+        plain = mlp(seed=99)
+        self.assertEqual([w.shape for w in weights], [w.shape for w in plain.get_weights()])
+        plain.set_weights(weights)
+        self.assertAllClose(plain.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-6)
+        mine = tf.constant([float(np.sum(w, dtype=np.float64)) for w in weights], tf.float64)
+        everyone = sd.allgather(mine[None], name="export.gathered").numpy()
+        for r in range(SIZE):
+            self.assertAllEqual(everyone[r], mine.numpy(), msg=f"rank {r} gathered other weights")
+
+    def _fit_output(self, **options) -> str:
+        x, y = data(16, seed=12)
+        pm = PipelineModel(mlp, num_stages=2, num_microbatches=2, verbose=False, **options)
+        pm.compile(optimizer="sgd", loss=LOSS)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            pm.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=2)
+            pm.evaluate(x, y, batch_size=8, verbose=1)
+        self.assertTrue(keras.config.is_interactive_logging_enabled(), "the setting was not restored")
+        return printed.getvalue()
+
+    def test_progress_is_printed_on_rank_zero_only_by_default(self):
+        printed = self._fit_output()
+        if RANK == 0:
+            self.assertIn("Epoch 2/2", printed)
+            self.assertIn("loss:", printed)
+        else:
+            self.assertEqual(printed, "")
+        self.assertIn("Epoch 2/2", self._fit_output(progress_on_rank_zero_only=False))
+
+    def test_save_names_the_alternatives_and_the_gathered_model_saves(self):
+        x, _ = data(16, seed=13)
+        pm = PipelineModel(mlp, num_stages=2, num_microbatches=2, verbose=False)
+        pm.compile(optimizer="sgd", loss=LOSS)
+        directory = tempfile.mkdtemp(prefix="pipeline-save-")
+        with self.assertRaisesRegex(NotImplementedError, r"save_weights\(.*gather_weights\(\)"):
+            pm.save(os.path.join(directory, "model.keras"))
+        self.assertFalse(os.path.exists(os.path.join(directory, "model.keras")))
+        expected = pm.predict(x, batch_size=8, verbose=0)
+        pm.gather_weights()
+        pm.unpartitioned.save(os.path.join(directory, "whole.keras"))
+        loaded = keras.models.load_model(os.path.join(directory, "whole.keras"))
+        self.assertAllClose(loaded.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-6)

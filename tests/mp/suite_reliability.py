@@ -1,4 +1,5 @@
-"""Bounded memory, refused unsafe timeline paths, malformed settings and repeated stall warnings, on every rank.
+"""Bounded memory, refused unsafe timeline paths, malformed settings, repeated stall warnings, the log level and
+timeline cycle marks, on every rank.
 
 Run on every rank by tests/test_reliability_multiprocess.py at 2 and 4 ranks.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import tempfile
@@ -187,6 +189,9 @@ class MalformedSettingTest(tf.test.TestCase):
         ("SMDIST_CROSS_MEMORY_ATTACH", "2"),
         ("SMDIST_SHM_SEGMENT_BYTES", "16M"),
         ("SMDIST_SHARED_OUTPUT_BYTES", "-1"),
+        ("SMDIST_LOG_LEVEL", "loud"),
+        ("HOROVOD_LOG_LEVEL", "2"),
+        ("SMDIST_TIMELINE_MARK_CYCLES", "sometimes"),
     ]
 
     def test_each_malformed_value_fails_init(self):
@@ -238,7 +243,7 @@ class StallWarningRepeatsTest(tf.test.TestCase):
                 warnings = re.findall(r"WARNING: stall: .*", captured.text)
                 self.assertGreaterEqual(len(warnings), 3, captured.text)
                 self.assertLessEqual(len(warnings), 6, captured.text)
-                self.assertEqual(captured.text.count(f"'stall.repeat' was submitted by rank(s)"), len(warnings))
+                self.assertEqual(captured.text.count("'stall.repeat' was submitted by rank(s)"), len(warnings))
                 self.assertRegex(captured.text, rf"not by rank\(s\) \[{LAST}\]")
         finally:
             restart_engine(SMDIST_STALL_CHECK_TIME="")
@@ -300,3 +305,69 @@ class FailureAnnouncementTest(tf.test.TestCase):
         restart_engine()
         self.assertEqual(_rt.failed_peer(), -1)
         self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name="announce.recovered"), [SIZE])
+
+
+class LogLevelAndCycleMarksTest(tf.test.TestCase):
+    """SMDIST_LOG_LEVEL decides which engine messages appear; SMDIST_TIMELINE_MARK_CYCLES marks cycles."""
+
+    def _stall_output(self, level: str) -> str:
+        restart_engine(SMDIST_STALL_CHECK_TIME="1", SMDIST_LOG_LEVEL=level)
+        try:
+            self.assertEqual(sd.engine_config()["log_level"], level)
+            with CapturedStderr() as captured:
+                if RANK == LAST:
+                    time.sleep(2.5)
+                sd.allreduce(tf.ones([1]), name=f"log_level.{level}")
+        finally:
+            restart_engine(SMDIST_STALL_CHECK_TIME="", SMDIST_LOG_LEVEL="")
+        return captured.text
+
+    def test_error_level_hides_the_stall_warning_that_warning_level_shows(self):
+        shown, hidden = self._stall_output("WARNING"), self._stall_output("ERROR")
+        if RANK == 0:
+            self.assertIn("WARNING: stall:", shown)
+            self.assertNotIn("stall", hidden)
+
+    def test_info_and_debug_levels_add_engine_messages(self):
+        with CapturedStderr() as default:
+            restart_engine()
+            sd.allreduce(tf.ones([1]), name="log_level.quiet")
+        with CapturedStderr() as debug:
+            restart_engine(HOROVOD_LOG_LEVEL="debug")  # Horovod's name, any case
+            sd.allreduce(tf.ones([1]), name="log_level.debug")
+            restart_engine(HOROVOD_LOG_LEVEL="")
+        self.assertNotRegex(default.text, r"INFO|DEBUG")
+        self.assertRegex(debug.text, rf"\[smdist_tf rank {RANK}\] INFO: engine started: rank {RANK} of {SIZE} on host ")
+        self.assertIn(f"[smdist_tf rank {RANK}] DEBUG: negotiated allreduce of 1 tensor(s): log_level.debug", debug.text)
+        self.assertRegex(debug.text, r"INFO: engine stopped: .*shutdown\(\) called on rank")
+        self.assertNotIn("TRACE", debug.text)
+
+    def _cycle_marks(self, path: str) -> list[dict]:
+        for i in range(3):
+            sd.allreduce(tf.ones([4]), name=f"marks.{i}")
+        sd.stop_timeline()
+        with open(path) as f:
+            events = json.load(f)
+        self.assertTrue(any(e.get("name") == "ALLREDUCE" for e in events), "no collective was traced")
+        return [e for e in events if e.get("name") == "CYCLE_START"]
+
+    def test_timeline_has_cycle_marks_only_when_enabled(self):
+        directory = shared_temp_dir()
+        try:
+            restart_engine(SMDIST_TIMELINE=os.path.join(directory, "plain.json"))
+            self.assertEqual(self._cycle_marks(os.path.join(directory, f"plain.json.{RANK}")), [])
+            restart_engine(SMDIST_TIMELINE=os.path.join(directory, "marked.json"), SMDIST_TIMELINE_MARK_CYCLES="1")
+            self.assertTrue(sd.engine_config()["timeline_mark_cycles"])
+            marks = self._cycle_marks(os.path.join(directory, f"marked.json.{RANK}"))
+            self.assertGreaterEqual(len(marks), 3)  # each eager allreduce ran in a cycle of its own
+            for mark in marks:
+                self.assertEqual((mark["ph"], mark["s"], mark["pid"]), ("i", "p", RANK))
+                self.assertGreaterEqual(mark["args"]["tensors"], 1)
+            # At run time: None follows the variable, True/False decide.
+            sd.start_timeline(os.path.join(directory, "runtime-off.json"), mark_cycles=False)
+            self.assertEqual(self._cycle_marks(os.path.join(directory, f"runtime-off.json.{RANK}")), [])
+            restart_engine(SMDIST_TIMELINE="", SMDIST_TIMELINE_MARK_CYCLES="")
+            sd.start_timeline(os.path.join(directory, "runtime-on.json"), mark_cycles=True)
+            self.assertGreaterEqual(len(self._cycle_marks(os.path.join(directory, f"runtime-on.json.{RANK}"))), 3)
+        finally:
+            restart_engine(SMDIST_TIMELINE="", SMDIST_TIMELINE_MARK_CYCLES="")
