@@ -184,23 +184,37 @@ def test_ctrl_c_stops_every_rank(capfd):
     assert leftovers(tag) == []
 
 
-def test_sigterm_to_smdistrun_leaves_no_orphans():
-    """The real console script in its own process, stopped with SIGTERM once ranks are up."""
-    tag = uuid.uuid4().hex
+def start_hanging_job(tag: str) -> subprocess.Popen:
+    """The real console script in its own process group, returned once both ranks' children run.
+
+    Raises:
+        AssertionError: when the ranks do not get ready (the job is then killed).
+    """
     script = shutil.which("smdistrun", path=str(VENV_BIN)) or shutil.which("smdistrun")
     cmd = [script] if script else [sys.executable, "-m", "smdist_tf.run"]
     proc = subprocess.Popen(cmd + ["-np", "2", *ranks("hang_with_child", tag)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=dict(os.environ),
                             cwd=ROOT, start_new_session=True)
+    ready = set()
+    give_up = time.monotonic() + 90  # the launcher imports TensorFlow with smdist_tf
+    while len(ready) < 2 and time.monotonic() < give_up:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        ready.update(m.group(1) for m in [re.match(r"\[(\d)\]<stdout>:ready", line)] if m)
+    if len(ready) < 2:
+        err = proc.stderr.read() if proc.poll() is not None else "ranks never got ready"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError(err)
+    return proc
+
+
+def test_sigterm_to_smdistrun_leaves_no_orphans():
+    """smdistrun stopped with SIGTERM once ranks are up."""
+    tag = uuid.uuid4().hex
+    proc = start_hanging_job(tag)
     try:
-        ready = set()
-        give_up = time.monotonic() + 90  # the launcher imports TensorFlow with smdist_tf
-        while len(ready) < 2 and time.monotonic() < give_up:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            ready.update(m.group(1) for m in [re.match(r"\[(\d)\]<stdout>:ready", line)] if m)
-        assert len(ready) == 2, proc.stderr.read() if proc.poll() is not None else "ranks never got ready"
         assert leftovers(tag), "the grandchildren should be running now"
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=20)
@@ -220,20 +234,8 @@ def test_sigkill_of_the_launcher_leaves_no_orphans(victim):
     """SIGKILL allows no cleanup: mpirun gets SIGTERM when smdistrun dies, and each rank's agent stops its
     program and everything the program started when mpirun dies."""
     tag = uuid.uuid4().hex
-    script = shutil.which("smdistrun", path=str(VENV_BIN)) or shutil.which("smdistrun")
-    cmd = [script] if script else [sys.executable, "-m", "smdist_tf.run"]
-    proc = subprocess.Popen(cmd + ["-np", "2", *ranks("hang_with_child", tag)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True, env=dict(os.environ),
-                            cwd=ROOT, start_new_session=True)
+    proc = start_hanging_job(tag)
     try:
-        ready = 0
-        give_up = time.monotonic() + 90
-        while ready < 2 and time.monotonic() < give_up:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            ready += bool(re.match(r"\[\d\]<stdout>:ready", line))
-        assert ready == 2, "ranks never got ready"
         assert len([line for line in leftovers(tag) if "time.sleep(300)" in line]) == 2
         if victim == "smdistrun":
             os.kill(proc.pid, signal.SIGKILL)

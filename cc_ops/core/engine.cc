@@ -58,13 +58,6 @@ constexpr double kFailureAnnounceSeconds = 1.0;
 constexpr auto kFailureReportGrace = std::chrono::milliseconds(300);
 
 void OnProcessExit(int status, void*) { Engine::Instance().AtProcessExit(status); }
-
-// "1" or "2.5" rather than std::to_string's "2.500000".
-std::string FormatNumber(double value) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", value);
-  return text;
-}
 }  // namespace
 
 Engine::~Engine() {

@@ -48,6 +48,12 @@ bool ParseLogLevel(const std::string& text, LogLevel* out) {
   return false;
 }
 
+std::string FormatNumber(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+
 void SetLogRank(int rank) { g_rank.store(rank); }
 void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
 bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load(); }

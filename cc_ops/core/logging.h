@@ -15,6 +15,9 @@ enum class LogLevel : int { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal 
 bool ParseLogLevel(const std::string& text, LogLevel* out);
 const char* LogLevelName(LogLevel level);
 
+// "1" or "2.5" rather than std::to_string's "2.500000", for messages.
+std::string FormatNumber(double value);
+
 void SetLogRank(int rank);
 void SetLogLevel(LogLevel level);
 // Whether a message of `level` would be written: callers skip composing

@@ -22,12 +22,6 @@ std::string RankList(const std::vector<bool>& seen, bool want) {
   return s;
 }
 
-std::string Seconds(double s) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", s);
-  return text;
-}
-
 }  // namespace
 
 std::string DescribeStall(const PendingCollective& p) {
@@ -53,7 +47,7 @@ bool StallInspector::Inspect(std::vector<PendingCollective> pending, Clock::time
   });
   std::string text = "stall: " + std::to_string(pending.size()) +
                      " collective(s) waiting for ranks longer than SMDIST_STALL_CHECK_TIME=" +
-                     Seconds(check_seconds_) + " s:";
+                     FormatNumber(check_seconds_) + " s:";
   for (size_t i = 0; i < pending.size() && i < kMaxNamedInWarning; ++i) text += "\n  " + DescribeStall(pending[i]);
   if (pending.size() > kMaxNamedInWarning) {
     text += "\n  ... and " + std::to_string(pending.size() - kMaxNamedInWarning) + " more";
@@ -61,14 +55,14 @@ bool StallInspector::Inspect(std::vector<PendingCollective> pending, Clock::time
   text += "\n  The missing ranks are stalled or issue different collectives: every rank must run the "
           "same collectives with the same names.";
   if (shutdown_seconds_ > 0) {
-    text += " The job stops once one has waited SMDIST_STALL_SHUTDOWN_TIME=" + Seconds(shutdown_seconds_) + " s.";
+    text += " The job stops once one has waited SMDIST_STALL_SHUTDOWN_TIME=" + FormatNumber(shutdown_seconds_) + " s.";
   }
   LogWarning(text);
   return false;
 }
 
 std::string StallInspector::ShutdownHeader() const {
-  return "stall shutdown (SMDIST_STALL_SHUTDOWN_TIME=" + Seconds(shutdown_seconds_) +
+  return "stall shutdown (SMDIST_STALL_SHUTDOWN_TIME=" + FormatNumber(shutdown_seconds_) +
          " s): every rank stops; incomplete collectives:";
 }
 
