@@ -554,7 +554,8 @@ bool Engine::RunCycle(CycleState* state) {
   // Marked before executing: completing a collective can let its caller stop
   // the timeline (or shut down) before this cycle ends.
   const size_t responses = cached_ready.size() + full.responses.size();
-  if (responses > 0) {
+  // Counted only for a reader: this runs every working cycle.
+  if (responses > 0 && (timeline_.active() || LogEnabled(LogLevel::kTrace))) {
     size_t tensors = 0;
     for (const Response& r : cached_ready) tensors += r.names.size();
     for (const Response& r : full.responses) tensors += r.names.size();
