@@ -29,19 +29,29 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 _EXPORTS: dict[str, str] = {
     **{name: "smdist_tf.collectives" for name in (
         "allgather", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_variables",
-        "grouped_allreduce", "grouped_broadcast", "oob_allreduce", "reducescatter",
+        "broadcast_", "broadcast_global_variables", "grouped_allgather", "grouped_allreduce", "grouped_broadcast", "grouped_reducescatter",
+        "join", "oob_allreduce", "reducescatter",
+    )},
+    **{name: "smdist_tf.topology_ops" for name in (
+        "local_rank_op", "local_size_op", "process_set_included_op", "rank_op", "size_op",
     )},
     "Compression": "smdist_tf.compression",
     "DistributedGradientTape": "smdist_tf.gradient_tape",
+    "PartialDistributedGradientTape": "smdist_tf.gradient_tape",
     "allgather_object": "smdist_tf.objects",
     "broadcast_object": "smdist_tf.objects",
+    "broadcast_object_fn": "smdist_tf.objects",
+    # Horovod's horovod.tensorflow.DistributedOptimizer takes Keras optimizers too.
+    "DistributedOptimizer": "smdist_tf.keras.optimizer",
     **{name: "smdist_tf.reduce_ops" for name in ("Adasum", "Average", "Max", "Min", "Product", "Sum")},
     **{name: "smdist_tf.runtime" for name in (
-        "cross_rank", "cross_size", "cuda_built", "engine_config", "get_build_info", "gloo_built", "init",
-        "is_homogeneous", "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_threads_supported",
-        "nccl_built", "rank", "shutdown", "size", "start_timeline", "stop_timeline",
+        "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "engine_config", "get_build_info",
+        "gloo_built", "gloo_enabled", "init", "is_homogeneous", "is_initialized", "local_rank", "local_size",
+        "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built", "shutdown", "size",
+        "start_timeline", "stop_timeline",
     )},
     "DataParallelStrategy": "smdist_tf.distribute",
+    "SyncBatchNormalization": "smdist_tf.sync_batch_norm",
 }
 # Subpackages reachable as attributes. ``run`` is callable: smdist_tf.run(fn, np=2)
 # runs fn on every rank (see smdist_tf/run/__init__.py).

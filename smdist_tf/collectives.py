@@ -21,7 +21,7 @@ from smdist_tf.runtime import rank, require_initialized, size
 
 TensorLike = Union[tf.Tensor, tf.Variable, tf.IndexedSlices, Any]
 
-_REDUCIBLE = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64)
+_REDUCIBLE = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64)
 _MOVABLE = _REDUCIBLE + (tf.bool,)
 _REDUCIBLE_SET = frozenset(_REDUCIBLE)
 _MOVABLE_SET = frozenset(_MOVABLE)
@@ -151,7 +151,12 @@ def _allreduce_sparse(slices: tf.IndexedSlices, op: int, prescale: float, postsc
     indices = allgather(slices.indices, name=f"{base}.indices" if base else None)
     scale = prescale * postscale / (size() if op == Average else 1)
     if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
+        if values.dtype.is_floating:
+            values = values * tf.cast(scale, values.dtype)
+        else:
+            # Horovod divides integer rows exactly, giving floating-point values (TensorFlow's
+            # true division: float32 for 8/16-bit integers, float64 for 32/64-bit ones).
+            values = tf.cast(values, tf.float32 if values.dtype.size <= 2 else tf.float64) * scale
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -257,6 +262,15 @@ def allgather(tensor: TensorLike, name: Optional[str] = None, process_set: Any =
     return _unordered(_ops.smdist_allgather(tensor=tensor, tensor_name=_collective_name("allgather", name)))
 
 
+def grouped_allgather(tensors: Sequence[TensorLike], name: Optional[str] = None, process_set: Any = None) -> list:
+    """:func:`allgather` of each tensor (Horovod's ``grouped_allgather``); results in order.
+
+    Submitted together, so they are negotiated in the same cycles.
+    """
+    _check_process_set(process_set)
+    return [allgather(t, name=f"{name}.{i}" if name else None) for i, t in enumerate(tensors)]
+
+
 def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None, process_set: Any = None, ignore_name_scope: bool = False) -> tf.Tensor:
     """Returns ``root_rank``'s value of ``tensor`` on every rank."""
     _check_process_set(process_set)
@@ -325,11 +339,57 @@ def reducescatter(
     ))
 
 
+def grouped_reducescatter(
+    tensors: Sequence[TensorLike],
+    op: int = Average,
+    name: Optional[str] = None,
+    process_set: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list:
+    """:func:`reducescatter` of each tensor (Horovod's ``grouped_reducescatter``); results in order."""
+    _check_process_set(process_set)
+    return [
+        reducescatter(t, op=op, name=f"{name}.{i}" if name else None, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)
+        for i, t in enumerate(tensors)
+    ]
+
+
 def barrier(process_set: Any = None, name: Optional[str] = None) -> None:
     """Returns once every rank has called ``barrier()``."""
     _check_process_set(process_set)
     require_initialized()
     _ops.smdist_barrier(tensor_name=_collective_name("barrier", name))
+
+
+def join() -> Union[int, tf.Tensor]:
+    """Waits until every rank has called ``join()``, taking part in the others' collectives meanwhile.
+
+    Call it when this rank has run out of data while others may still train
+    (Horovod semantics). Until every rank has joined, the collectives the other
+    ranks submit complete without this one: allreduce treats a joined rank's
+    tensor as zeros (Sum, and Average, which then divides by the number of ranks
+    that contributed) or as the reduction's identity (Min, Max, Product);
+    allgather takes no rows from it; a barrier counts it as arrived; a broadcast
+    from a rank that has not joined reaches it (and is discarded). Alltoall,
+    reducescatter, a broadcast whose root has joined, and Min/Max/Product with a
+    ``prescale_factor`` cannot complete that way: they raise
+    ``tf.errors.FailedPreconditionError`` on the ranks that submitted them, and
+    ``join()`` raises the same error on the joined ranks.
+
+    The ranks that trained longer applied updates the joined ranks did not: to
+    continue with identical weights, broadcast them from the returned rank, e.g.
+    ``broadcast_variables(model.variables + optimizer.variables, root_rank=join())``.
+    Keras ``fit`` does all of this at the end of every epoch by itself.
+
+    Returns:
+        The rank that joined last: a Python int when executing eagerly, an int32
+        scalar tensor inside ``tf.function``.
+    """
+    require_initialized()
+    last_joined = _ops.smdist_join()
+    return int(last_joined) if tf.executing_eagerly() else last_joined
 
 
 def oob_allreduce(tensor: TensorLike, name: Optional[str] = None) -> tf.Tensor:
@@ -349,6 +409,46 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int, name: Optional
     if tf.executing_eagerly():
         return None
     return tf.group(*[a for a in assigns if a is not None])
+
+
+def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = None, process_set: Any = None) -> list:
+    """Horovod's in-place broadcast: assigns ``root_rank``'s values to ``variables`` and returns them.
+
+    Args:
+        variables: ``tf.Variable`` or Keras 3 variables, the same list on every rank.
+        root_rank: the rank whose values everyone takes.
+        name: name used to match the request across ranks.
+        process_set: only ``None`` (all ranks) is supported.
+
+    Returns:
+        ``variables``, now holding the root's values (eagerly); in a graph, their values
+        read after the assignment.
+    """
+    _check_process_set(process_set)
+    variables = list(variables)
+    assigned = broadcast_variables(variables, root_rank, name=name)
+    if assigned is None:
+        return variables
+    # In a graph (tf.compat.v1 sessions included) the reads must wait for the assignment.
+    with tf.control_dependencies([assigned]):
+        return [tf.identity(v.read_value() if hasattr(v, "read_value") else v.value) for v in variables]
+
+
+def broadcast_global_variables(root_rank: int) -> tf.Operation:
+    """Horovod's TF1 spelling: broadcasts ``tf.compat.v1.global_variables()`` from ``root_rank``.
+
+    Only meaningful when building a ``tf.compat.v1`` graph: eager TensorFlow 2 and Keras 3
+    have no global variable collection, so eagerly this raises, as Horovod does.
+
+    Raises:
+        RuntimeError: when executing eagerly; use ``broadcast_variables(model.variables +
+            optimizer.variables, root_rank)`` there (or ``smdist_tf.keras.broadcast_global_variables``).
+    """
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "broadcast_global_variables() needs a tf.compat.v1 graph: eager TensorFlow 2 has no global variables. "
+            "Use broadcast_variables(model.variables + optimizer.variables, root_rank) instead")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 def _check_process_set(process_set: Any) -> None:
@@ -421,22 +521,27 @@ def _product_grads(xs, summed, pre, post):
 
 @tf.RegisterGradient("SmdistBroadcast")
 def _broadcast_grad(op, *grads):
+    # Horovod's gradient: the upstream gradients averaged over ranks, kept by the root only.
     root = op.get_attr("root_rank")
     grads = _zeros_for_missing(grads, op.inputs[:-1])
-    summed = _allreduce_dense(grads, Sum, 1.0, 1.0, None)
+    averaged = _allreduce_dense(grads, Average, 1.0, 1.0, None)
     if rank() == root:
-        return summed + [None]
-    return [tf.zeros_like(g) for g in summed] + [None]
+        return averaged + [None]
+    # Zeros that still wait for the allreduce: every rank must run it, even
+    # where nothing reads its value (a pruned collective would hang the root).
+    with tf.control_dependencies(averaged):
+        return [tf.zeros_like(g) for g in grads] + [None]
 
 
 @tf.RegisterGradient("SmdistAllgather")
 def _allgather_grad(op, grad):
+    # Horovod's gradient: the upstream gradient averaged over ranks, then this rank's rows.
     x = op.inputs[0]
-    summed = _allreduce_dense([grad], Sum, 1.0, 1.0, None)[0]
+    averaged = _allreduce_dense([grad], Average, 1.0, 1.0, None)[0]
     rows = allgather(tf.shape(x, out_type=tf.int64)[:1])
     start = tf.reduce_sum(rows[: rank()])
     begin = tf.concat([[start], tf.zeros([tf.rank(x) - 1], tf.int64)], axis=0)
-    return [tf.slice(summed, begin, tf.shape(x, out_type=tf.int64)), None]
+    return [tf.slice(averaged, begin, tf.shape(x, out_type=tf.int64)), None]
 
 
 @tf.RegisterGradient("SmdistAlltoall")
@@ -449,14 +554,17 @@ def _alltoall_grad(op, grad, _received_splits_grad):
 
 @tf.RegisterGradient("SmdistReducescatter")
 def _reducescatter_grad(op, grad):
+    # Horovod 0.28 scales the gathered gradient by size() for Sum and leaves it as is for
+    # Average (its tests expect exactly that); the scale factors apply as in the forward.
     reduce_op = op.get_attr("reduce_op")
     if reduce_op not in (Sum, Average):
         raise NotImplementedError(f"the gradient of reducescatter with {reduce_ops.op_name(reduce_op)} is not implemented")
     scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
-    if reduce_op == Average:
-        scale /= size()
+    if reduce_op == Sum:
+        scale *= size()
     gathered = allgather(grad)
     return [gathered * tf.cast(scale, gathered.dtype) if scale != 1.0 else gathered, None]
 
 
 tf.no_gradient("SmdistBarrier")
+tf.no_gradient("SmdistJoin")

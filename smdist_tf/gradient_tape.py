@@ -32,6 +32,9 @@ class DistributedGradientTape:
             ``size()/factor`` after it (trades overflow risk against precision).
         num_groups: split the gradients into this many fused requests (0: one request).
         groups: explicit grouping, a list of lists of variables; overrides ``num_groups``.
+        process_set: only ``None`` (all ranks) is supported.
+        scale_local_gradients: divide the gradients of sources registered with
+            ``register_local_source`` by ``size()``, as Horovod does.
     """
 
     def __init__(
@@ -45,7 +48,11 @@ class DistributedGradientTape:
         gradient_predivide_factor: float = 1.0,
         num_groups: int = 0,
         groups: Optional[Sequence[Sequence[Any]]] = None,
+        process_set: Any = None,
+        scale_local_gradients: bool = True,
     ) -> None:
+        if process_set is not None:
+            raise NotImplementedError("process sets are not supported yet: gradients are reduced over all ranks")
         op = reduce_ops.validate(op)
         if op not in (Average, Sum):
             raise ValueError("DistributedGradientTape supports op=Average or op=Sum")
@@ -60,6 +67,17 @@ class DistributedGradientTape:
         self._predivide = float(gradient_predivide_factor)
         self._num_groups = num_groups
         self._groups = groups
+        self._scale_local = scale_local_gradients
+        # By identity: Keras 3 variables have no .ref() and compare by value.
+        self._local_sources: dict[int, Any] = {}
+
+    def register_local_source(self, source: Any) -> None:
+        """Keeps ``source``'s gradient local: it is never reduced (Horovod's local variables).
+
+        With ``scale_local_gradients`` (the default) the local gradient is divided by
+        ``size()``, as Horovod does.
+        """
+        self._local_sources[id(source)] = source
 
     def __enter__(self) -> "DistributedGradientTape":
         self._tape.__enter__()
@@ -87,8 +105,14 @@ class DistributedGradientTape:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         op, prescale, postscale = self._op, 1.0, 1.0
         if self._predivide != 1.0:
-            op, prescale, postscale = Sum, 1.0 / self._predivide, self._predivide / size()
+            # Average, not Sum with postscale factor/size(): the engine then divides by the ranks
+            # that contributed, which is fewer than size() while some rank is inside join().
+            prescale, postscale = 1.0 / self._predivide, self._predivide
         result = list(grads)
+        if self._local_sources:
+            is_local = [id(src) in self._local_sources for src in sources]
+            result = [self._scaled_local(g) if local and g is not None else g for g, local in zip(grads, is_local)]
+            grads = [None if local else g for g, local in zip(grads, is_local)]
         for positions in self._partition(grads, sources):
             reduced = grouped_allreduce(
                 [grads[i] for i in positions], op=op, prescale_factor=prescale, postscale_factor=postscale, compression=self._compression
@@ -96,6 +120,13 @@ class DistributedGradientTape:
             for i, r in zip(positions, reduced):
                 result[i] = r
         return result
+
+    def _scaled_local(self, grad: Any) -> Any:
+        if not self._scale_local or size() == 1:
+            return grad
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(grad.values / tf.cast(size(), grad.values.dtype), grad.indices, grad.dense_shape)
+        return grad / tf.cast(size(), grad.dtype)
 
     def _partition(self, grads: list, sources: list) -> list:
         """Index lists of the non-None gradients, one list per fused request."""
@@ -114,3 +145,48 @@ class DistributedGradientTape:
             per = -(-len(present) // n)
             return [present[k : k + per] for k in range(0, len(present), per)]
         return [present] if present else []
+
+
+def PartialDistributedGradientTape(
+    gradtape: tf.GradientTape,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: type[Compressor] = Compression.none,
+    sparse_as_dense: bool = False,
+    op: int = Average,
+    gradient_predivide_factor: float = 1.0,
+    local_layers: Any = None,
+    groups: Optional[Sequence[Sequence[Any]]] = None,
+    process_set: Any = None,
+    scale_local_gradients: bool = True,
+) -> DistributedGradientTape:
+    """A ``DistributedGradientTape`` that keeps the gradients of ``local_layers`` local (Horovod's spelling).
+
+    Args:
+        gradtape: the tape to wrap.
+        device_dense: accepted for Horovod compatibility.
+        device_sparse: accepted for Horovod compatibility.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16``.
+        sparse_as_dense: densify ``tf.IndexedSlices`` before reducing.
+        op: ``Average`` (default) or ``Sum``.
+        gradient_predivide_factor: as for ``DistributedGradientTape``.
+        local_layers: a Keras layer or a list of them whose trainable weights are not reduced.
+        groups: explicit grouping of the reduced variables.
+        process_set: only ``None`` (all ranks) is supported.
+        scale_local_gradients: divide the local gradients by ``size()``, as Horovod does.
+
+    Returns:
+        The tape, with every trainable weight of ``local_layers`` registered as a local source.
+    """
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    tape = DistributedGradientTape(
+        gradtape, device_dense, device_sparse, compression, sparse_as_dense, op, gradient_predivide_factor,
+        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
+    )
+    for layer in local_layers:
+        for weight in layer.trainable_weights:
+            tape.register_local_source(weight)
+    return tape

@@ -10,7 +10,7 @@ never come.
 from __future__ import annotations
 
 import pickle
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -70,6 +70,22 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -
     if status == _UNPICKLABLE:
         raise pickle.PicklingError(f"broadcast_object: root rank {root_rank} could not pickle its {data.decode(errors='replace')}") from error
     return pickle.loads(data)
+
+
+def broadcast_object_fn(root_rank: int = 0, name: Optional[str] = None, process_set: Any = None) -> Callable[[Any], Any]:
+    """Horovod's ``broadcast_object_fn``: a function that broadcasts its argument from ``root_rank``.
+
+    Args:
+        root_rank: the rank whose object everyone receives.
+        name: optional name to match the calls across ranks.
+        process_set: only ``None`` (all ranks) is supported.
+
+    Returns:
+        ``fn(obj)``, equivalent to ``broadcast_object(obj, root_rank, name)``.
+    """
+    if process_set is not None:
+        raise NotImplementedError("process sets are not supported yet: objects are broadcast to all ranks")
+    return lambda obj: broadcast_object(obj, root_rank, name)
 
 
 def allgather_object(obj: Any, name: Optional[str] = None) -> list:

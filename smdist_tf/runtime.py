@@ -120,6 +120,31 @@ def gloo_built() -> bool:
     return False
 
 
+def mpi_enabled() -> bool:
+    """Horovod compatibility: whether collectives run over MPI (always, in smdist_tf)."""
+    return mpi_built()
+
+
+def gloo_enabled() -> bool:
+    """Horovod compatibility: smdist_tf has no Gloo transport."""
+    return False
+
+
+def ddl_built() -> bool:
+    """Horovod compatibility: smdist_tf has no IBM DDL transport."""
+    return False
+
+
+def ccl_built() -> bool:
+    """Horovod compatibility: smdist_tf has no oneCCL transport."""
+    return False
+
+
+def rocm_built() -> bool:
+    """Horovod compatibility: smdist_tf has no ROCm kernels."""
+    return False
+
+
 def engine_config() -> dict:
     """The engine settings in force (fusion threshold, cycle time, stall timeouts, host name).
 

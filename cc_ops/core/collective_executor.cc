@@ -28,6 +28,7 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
   Status transport_status;
   Status result;
   alloc_status_ = Status::OK();
+  contributors_ = transport_->topology().size - static_cast<int>(response.joined.size());
   const auto start = Timeline::Clock::now();
   if (timeline_->active()) {
     tracing_ = response.names;
@@ -41,7 +42,8 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
     }
   }
   if (response.response_type == ResponseType::kError) {
-    result = Status::PreconditionFailed(response.error);
+    result = response.invalid_input ? Status::InvalidArgument(response.error)
+                                    : Status::PreconditionFailed(response.error);
   } else {
     switch (response.type) {
       case CollectiveType::kAllreduce:
@@ -62,6 +64,9 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
       case CollectiveType::kBarrier:
         // Negotiation completing means every rank has arrived.
         break;
+      case CollectiveType::kJoin:
+        *static_cast<int32_t*>((*entries)[0].output) = response.last_joined;
+        break;
     }
     result = transport_status.ok() ? alloc_status_ : transport_status;
   }
@@ -79,12 +84,11 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
 
 void CollectiveExecutor::FinishReduction(DataType dtype, ReduceOp op, double postscale,
                                          void* data, int64_t count) const {
-  const int size = transport_->topology().size;
   if (op == ReduceOp::kAverage) {
     if (IsFloatingPoint(dtype)) {
-      postscale /= size;  // one pass instead of two
+      postscale /= contributors_;  // one pass instead of two
     } else {
-      DivideInPlace(dtype, data, count, size);
+      DivideInPlace(dtype, data, count, contributors_);
     }
   }
   ScaleInPlace(dtype, data, count, postscale);
@@ -162,7 +166,7 @@ bool CollectiveExecutor::FoldedPostscale(const TensorEntry& first, double* posts
     return false;
   }
   *postscale = first.postscale;
-  if (first.reduce_op == ReduceOp::kAverage) *postscale /= transport_->topology().size;
+  if (first.reduce_op == ReduceOp::kAverage) *postscale /= contributors_;
   return true;
 }
 
@@ -215,7 +219,7 @@ Status CollectiveExecutor::AllreduceCompressed(std::vector<TensorEntry>* entries
   Trace("ALLREDUCE", t0);
   // Average and postscale are applied while widening, in float32.
   double scale = first.postscale;
-  if (first.reduce_op == ReduceOp::kAverage) scale /= transport_->topology().size;
+  if (first.reduce_op == ReduceOp::kAverage) scale /= contributors_;
   t0 = Timeline::Clock::now();
   offset = 0;
   for (TensorEntry& e : *entries) {

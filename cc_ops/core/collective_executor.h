@@ -1,6 +1,7 @@
 // Runs negotiated collectives on this rank's entries through a Transport:
 // packs fused allreduces into one buffer, applies Average and scaling, sizes
-// ragged outputs, and reports each entry's completion.
+// ragged outputs, and reports each entry's completion. A rank inside join()
+// runs the same calls on neutral buffers (joined_participation.h).
 #pragma once
 
 #include <vector>
@@ -43,7 +44,7 @@ class CollectiveExecutor {
   Status Reducescatter(TensorEntry* entry);
 
   // The factor results are multiplied by when scaling is folded into a
-  // transport's pass (postscale, and 1/size for Average); false for integer
+  // transport's pass (postscale, and 1/contributors for Average); false for integer
   // Average, which divides afterwards like TF does.
   bool FoldedPostscale(const TensorEntry& first, double* postscale) const;
 
@@ -62,6 +63,9 @@ class CollectiveExecutor {
   std::vector<uint8_t> fusion_buffer_;  // reused across cycles
   std::vector<uint8_t> scratch_;
   Status alloc_status_;  // output allocation result of the current response
+  // Ranks whose data the current response reduces: Average divides by this
+  // (ranks inside join() take part without contributing).
+  int contributors_ = 1;
 };
 
 }  // namespace smdist

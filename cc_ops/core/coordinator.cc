@@ -26,11 +26,11 @@ std::pair<std::string, std::string> FormatScales(const Request& a, const Request
 }
 
 // "for tensor 'x' in allreduce: rank 0 has A, rank r has B"
-std::string Mismatch(const char* what, const std::string& name, CollectiveType type, int r,
+std::string Mismatch(const char* what, const std::string& name, CollectiveType type, int first_rank, int r,
                      const std::string& a, const std::string& b) {
   return std::string("mismatched ") + what + " for tensor " + Quote(name) + " in " +
-         CollectiveTypeName(type) + ": rank 0 has " + a + ", rank " + std::to_string(r) +
-         " has " + b;
+         CollectiveTypeName(type) + ": rank " + std::to_string(first_rank) + " has " + a + ", rank " +
+         std::to_string(r) + " has " + b;
 }
 
 std::vector<int64_t> TrailingDims(const std::vector<int64_t>& shape) {
@@ -57,27 +57,26 @@ int64_t ReducescatterRows(int64_t dim0, int size, int rank) {
   return dim0 / size + (rank < dim0 % size ? 1 : 0);
 }
 
-std::string CheckAgreement(const std::string& name, const std::vector<Request>& by_rank) {
-  for (const Request& r : by_rank) {
+std::string CheckAgreement(const std::string& name, const std::vector<Request>& submitted) {
+  for (const Request& r : submitted) {
     if (!r.error.empty()) return "rank " + std::to_string(r.rank) + ": " + r.error;
   }
-  const Request& first = by_rank[0];
+  const Request& first = submitted[0];
   const CollectiveType type = first.type;
-  for (size_t i = 1; i < by_rank.size(); ++i) {
-    const Request& r = by_rank[i];
-    const int rank = static_cast<int>(i);
+  for (size_t i = 1; i < submitted.size(); ++i) {
+    const Request& r = submitted[i];
+    auto mismatch = [&](const char* what, const std::string& a, const std::string& b) {
+      return Mismatch(what, name, type, first.rank, r.rank, a, b);
+    };
     if (r.type != type) {
-      return "mismatched operations for tensor " + Quote(name) + ": rank 0 called " +
-             CollectiveTypeName(type) + ", rank " + std::to_string(rank) + " called " +
+      return "mismatched operations for tensor " + Quote(name) + ": rank " + std::to_string(first.rank) +
+             " called " + CollectiveTypeName(type) + ", rank " + std::to_string(r.rank) + " called " +
              CollectiveTypeName(r.type);
     }
     if (type == CollectiveType::kBarrier) continue;
-    if (r.dtype != first.dtype) {
-      return Mismatch("dtypes", name, type, rank, DataTypeName(first.dtype),
-                      DataTypeName(r.dtype));
-    }
+    if (r.dtype != first.dtype) return mismatch("dtypes", DataTypeName(first.dtype), DataTypeName(r.dtype));
     if (r.shape.size() != first.shape.size()) {
-      return Mismatch("ranks (number of dimensions)", name, type, rank,
+      return mismatch("ranks (number of dimensions)",
                       std::to_string(first.shape.size()) + " " + ShapeToString(first.shape),
                       std::to_string(r.shape.size()) + " " + ShapeToString(r.shape));
     }
@@ -85,29 +84,53 @@ std::string CheckAgreement(const std::string& name, const std::vector<Request>& 
         type == CollectiveType::kAllgather || type == CollectiveType::kAlltoall;
     if (ragged_first_dim ? TrailingDims(r.shape) != TrailingDims(first.shape)
                          : r.shape != first.shape) {
-      return Mismatch(ragged_first_dim ? "shapes beyond the first dimension" : "shapes", name,
-                      type, rank, ShapeToString(first.shape), ShapeToString(r.shape));
+      return mismatch(ragged_first_dim ? "shapes beyond the first dimension" : "shapes",
+                      ShapeToString(first.shape), ShapeToString(r.shape));
     }
     if (type == CollectiveType::kAllreduce || type == CollectiveType::kReducescatter) {
       if (r.reduce_op != first.reduce_op) {
-        return Mismatch("reduce ops", name, type, rank, ReduceOpName(first.reduce_op),
-                        ReduceOpName(r.reduce_op));
+        return mismatch("reduce ops", ReduceOpName(first.reduce_op), ReduceOpName(r.reduce_op));
       }
       if (r.prescale != first.prescale || r.postscale != first.postscale) {
         const auto scales = FormatScales(first, r);
-        return Mismatch("prescale/postscale factors", name, type, rank, scales.first, scales.second);
+        return mismatch("prescale/postscale factors", scales.first, scales.second);
       }
       if (type == CollectiveType::kAllreduce && r.compression != first.compression) {
-        return Mismatch("compression", name, type, rank, WireCompressionName(first.compression),
+        return mismatch("compression", WireCompressionName(first.compression),
                         WireCompressionName(r.compression));
       }
     }
     if (type == CollectiveType::kBroadcast && r.root_rank != first.root_rank) {
-      return Mismatch("root ranks", name, type, rank, std::to_string(first.root_rank),
-                      std::to_string(r.root_rank));
+      return mismatch("root ranks", std::to_string(first.root_rank), std::to_string(r.root_rank));
     }
   }
   return "";
+}
+
+std::string JoinConflict(const std::string& name, const Request& first, const std::vector<int32_t>& joined) {
+  std::string ranks;
+  for (int32_t r : joined) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  const std::string what = std::string(CollectiveTypeName(first.type)) + " of tensor " + Quote(name);
+  const std::string while_joined = " while rank(s) " + ranks + " have joined (smdist_tf.join())";
+  switch (first.type) {
+    case CollectiveType::kAlltoall:
+    case CollectiveType::kReducescatter:
+      return what + " cannot run" + while_joined +
+             ": only allreduce, allgather, broadcast and barrier complete without a joined rank";
+    case CollectiveType::kBroadcast:
+      if (std::find(joined.begin(), joined.end(), first.root_rank) == joined.end()) return "";
+      return what + " cannot run" + while_joined + ": its root rank " + std::to_string(first.root_rank) +
+             " is one of them and has no tensor to send";
+    case CollectiveType::kAllreduce:
+      if (first.prescale == 1.0 || first.reduce_op == ReduceOp::kSum || first.reduce_op == ReduceOp::kAverage) {
+        return "";
+      }
+      return what + " (" + ReduceOpName(first.reduce_op) + ") with prescale_factor " + FormatScale(first.prescale) +
+             " cannot run" + while_joined + ": a joined rank contributes the reduction's identity, which the factor "
+             "would change";
+    default:
+      return "";
+  }
 }
 
 Coordinator::Coordinator(int size, int64_t fusion_threshold_bytes, StallInspector stall_inspector,
@@ -115,7 +138,8 @@ Coordinator::Coordinator(int size, int64_t fusion_threshold_bytes, StallInspecto
     : size_(size),
       fusion_threshold_bytes_(fusion_threshold_bytes),
       stall_inspector_(std::move(stall_inspector)),
-      cache_(cache) {}
+      cache_(cache),
+      joined_(size, false) {}
 
 void Coordinator::Add(const RequestList& list, int rank) {
   if (list.shutdown && !shutdown_) {
@@ -128,7 +152,13 @@ void Coordinator::Add(const RequestList& list, int rank) {
   }
   const auto now = std::chrono::steady_clock::now();
   for (const Request& req : list.requests) {
-    if (cache_ != nullptr && cache_->Contains(req.name) && evicting_.insert(req.name).second) {
+    if (req.type == CollectiveType::kJoin) {
+      if (!joined_[rank]) ++joined_count_;
+      joined_[rank] = true;
+      last_joined_ = rank;
+      continue;
+    }
+    if (!req.cached && cache_ != nullptr && cache_->Contains(req.name) && evicting_.insert(req.name).second) {
       evictions_.push_back(req.name);
     }
     Pending& p = table_[req.name];
@@ -144,19 +174,48 @@ void Coordinator::Add(const RequestList& list, int rank) {
   }
 }
 
-Response Coordinator::ResponseFor(const std::string& name, const Pending& pending) const {
+bool Coordinator::CompleteWithJoined(const Pending& pending) const {
+  for (int r = 0; r < size_; ++r) {
+    if (!pending.seen[r] && !joined_[r]) return false;
+  }
+  return true;
+}
+
+void Coordinator::Unjoin(int rank) {
+  if (!joined_[rank]) return;
+  joined_[rank] = false;
+  --joined_count_;
+}
+
+Response Coordinator::ResponseFor(const std::string& name, const Pending& pending) {
   Response resp;
   resp.names.push_back(name);
-  const std::string error = CheckAgreement(name, pending.by_rank);
+  std::vector<Request> submitted;
+  for (int r = 0; r < size_; ++r) {
+    if (pending.seen[r]) {
+      submitted.push_back(pending.by_rank[r]);
+    } else {
+      resp.joined.push_back(r);
+    }
+  }
+  std::string error = CheckAgreement(name, submitted);
+  if (error.empty() && !resp.joined.empty()) error = JoinConflict(name, submitted[0], resp.joined);
   if (!error.empty()) {
     resp.response_type = ResponseType::kError;
     resp.error = error;
+    resp.invalid_input = std::any_of(submitted.begin(), submitted.end(),
+                                     [](const Request& r) { return !r.error.empty(); });
+    for (int32_t r : resp.joined) Unjoin(r);
     return resp;
   }
-  const Request& first = pending.by_rank[0];
+  const Request& first = submitted[0];
   resp.type = first.type;
+  if (!resp.joined.empty()) resp.params.push_back(first);
   if (first.type == CollectiveType::kAllgather) {
-    for (const Request& r : pending.by_rank) resp.sizes.push_back(r.shape.empty() ? 1 : r.shape[0]);
+    for (int r = 0; r < size_; ++r) {
+      const Request& req = pending.by_rank[r];
+      resp.sizes.push_back(!pending.seen[r] ? 0 : req.shape.empty() ? 1 : req.shape[0]);
+    }
   } else if (first.type == CollectiveType::kAlltoall) {
     for (const Request& r : pending.by_rank) {
       resp.sizes.insert(resp.sizes.end(), r.splits.begin(), r.splits.end());
@@ -172,8 +231,10 @@ void FuseAllreduces(std::vector<Response>* responses, int64_t threshold_bytes,
   // Index into `fused` of the open (still growing) response for each key.
   std::unordered_map<std::string, std::pair<size_t, int64_t>> open;
   for (Response& r : *responses) {
+    // A response with joined ranks travels alone: its members' parameters
+    // differ from the others' in who takes part.
     const bool fusable = r.response_type == ResponseType::kCollective &&
-                         r.type == CollectiveType::kAllreduce;
+                         r.type == CollectiveType::kAllreduce && r.joined.empty();
     if (!fusable) {
       fused.push_back(std::move(r));
       continue;
@@ -196,12 +257,18 @@ ResponseList Coordinator::BuildResponses() {
   out.evictions = std::move(evictions_);
   evictions_.clear();
   evicting_.clear();
+  if (joined_count_ > 0) {
+    // Collectives that waited only for ranks that have now joined.
+    for (const auto& kv : table_) {
+      if (kv.second.count < size_ && CompleteWithJoined(kv.second)) ready_.push_back(kv.first);
+    }
+  }
   std::unordered_map<std::string, std::pair<std::string, int64_t>> fusion_info;
   for (const std::string& name : ready_) {
     auto it = table_.find(name);
     Response resp = ResponseFor(name, it->second);
     if (resp.response_type == ResponseType::kCollective &&
-        resp.type == CollectiveType::kAllreduce) {
+        resp.type == CollectiveType::kAllreduce && resp.joined.empty()) {
       fusion_info[name] = FusionInfo(it->second.by_rank[0]);
     }
     out.responses.push_back(std::move(resp));
@@ -210,6 +277,15 @@ ResponseList Coordinator::BuildResponses() {
   ready_.clear();
   FuseAllreduces(&out.responses, fusion_threshold_bytes_,
                  [&fusion_info](const std::string& name) { return fusion_info.at(name); });
+  if (joined_count_ == size_) {
+    Response join;
+    join.type = CollectiveType::kJoin;
+    join.names.push_back(kJoinName);
+    join.last_joined = last_joined_;
+    out.responses.push_back(std::move(join));
+    joined_.assign(size_, false);
+    joined_count_ = 0;
+  }
 
   const auto now = std::chrono::steady_clock::now();
   auto oldest = now;

@@ -1,7 +1,8 @@
 // Rank 0's view of negotiation: which ranks have submitted which named
-// collectives. A collective becomes ready when every rank has submitted it;
-// ready collectives are checked for agreement, fused, and announced to all
-// ranks in one ResponseList so every rank executes the same sequence.
+// collectives. A collective becomes ready when every rank has submitted it
+// or joined; ready collectives are checked for agreement, fused, and
+// announced to all ranks in one ResponseList so every rank executes the same
+// sequence.
 #pragma once
 
 #include <chrono>
@@ -39,7 +40,11 @@ class Coordinator {
     std::chrono::steady_clock::time_point first_seen;
   };
 
-  Response ResponseFor(const std::string& name, const Pending& pending) const;
+  // Whether every rank has submitted `pending` or joined.
+  bool CompleteWithJoined(const Pending& pending) const;
+  // May un-join ranks: an error response fails the joins of the ranks it lists.
+  Response ResponseFor(const std::string& name, const Pending& pending);
+  void Unjoin(int rank);
 
   int size_;
   int64_t fusion_threshold_bytes_;
@@ -53,6 +58,9 @@ class Coordinator {
   const ResponseCache* cache_;
   std::vector<std::string> evictions_;
   std::set<std::string> evicting_;
+  std::vector<bool> joined_;  // by rank: inside join()
+  int joined_count_ = 0;
+  int last_joined_ = -1;
 };
 
 // Fusion key ("same dtype, op and scaling") and byte size of an allreduce.
@@ -64,9 +72,14 @@ std::pair<std::string, int64_t> FusionInfo(const Request& request);
 void FuseAllreduces(std::vector<Response>* responses, int64_t threshold_bytes,
                     const std::function<std::pair<std::string, int64_t>(const std::string&)>& info);
 
-// Validates that all ranks agree on a collective. Returns "" when they do,
-// otherwise a message naming the tensor and what differs.
-std::string CheckAgreement(const std::string& name, const std::vector<Request>& by_rank);
+// Validates that the ranks that submitted a collective (`submitted`, in rank
+// order) agree on it. Returns "" when they do, otherwise a message naming the
+// tensor and what differs.
+std::string CheckAgreement(const std::string& name, const std::vector<Request>& submitted);
+
+// Why the collective `first` describes cannot complete while the ranks
+// `joined` take part without entries, or "".
+std::string JoinConflict(const std::string& name, const Request& first, const std::vector<int32_t>& joined);
 
 // Rows of a reducescatter output on `rank`: dim0 split as evenly as possible,
 // lower ranks taking the remainder.

@@ -13,6 +13,7 @@
 
 #include "collective_executor.h"
 #include "coordinator.h"
+#include "joined_participation.h"
 #include "logging.h"
 #include "mpi_point_to_point.h"
 #include "mpi_transport.h"
@@ -40,6 +41,7 @@ struct Engine::CycleState {
   CollectiveExecutor executor;
   std::map<int64_t, CachedPending> cached_pending;  // by cache bit
   std::vector<Request> requeued;  // evicted while pending: renegotiate in full
+  bool joined = false;  // this rank's join() is in flight
 };
 
 Engine& Engine::Instance() {
@@ -364,8 +366,8 @@ bool Engine::RunCycleLocked() {
 
 namespace {
 constexpr uint64_t kNotShuttingDown = 1, kNothingUncached = 2, kNoStallSuspected = 4,
-                   kCoordinatorIdle = 8;
-constexpr uint64_t kFastPath = kNotShuttingDown | kNothingUncached | kCoordinatorIdle;
+                   kCoordinatorIdle = 8, kNobodyJoined = 16;
+constexpr uint64_t kFastPath = kNotShuttingDown | kNothingUncached | kCoordinatorIdle | kNobodyJoined;
 
 bool TestBit(const std::vector<uint64_t>& words, int64_t bit) {
   return (words[1 + bit / 64] >> (bit % 64)) & 1u;
@@ -394,6 +396,7 @@ Status Engine::NegotiateCached(CycleState* state, std::vector<Request>* uncached
   if (uncached->empty()) words[0] |= kNothingUncached;
   if (!stall_suspected) words[0] |= kNoStallSuspected;
   if (!state->coordinator.HasPending()) words[0] |= kCoordinatorIdle;  // only rank 0's can be busy
+  if (!state->joined) words[0] |= kNobodyJoined;
   std::vector<uint64_t> mine = words;
   SMDIST_RETURN_IF_ERROR(transport_->AllreduceBits(&words, /*bitwise_and=*/true));
 
@@ -430,6 +433,15 @@ Status Engine::NegotiateCached(CycleState* state, std::vector<Request>* uncached
     }
     *needs_full = true;
   }
+  if ((words[0] & kNobodyJoined) == 0) {
+    // A joined rank sets no bits, so none of these can become ready here:
+    // the coordinator completes them without it. They stay cached.
+    for (auto& kv : state->cached_pending) {
+      kv.second.request.cached = true;
+      uncached->push_back(std::move(kv.second.request));
+    }
+    state->cached_pending.clear();
+  }
   return Status::OK();
 }
 
@@ -462,22 +474,48 @@ Status Engine::NegotiateFull(CycleState* state, std::vector<Request> uncached, R
 }
 
 bool Engine::Execute(CycleState* state, const Response& response, bool remember) {
+  const int me = transport_->topology().rank;
+  const bool joined_here = std::find(response.joined.begin(), response.joined.end(), me) != response.joined.end();
+  if (joined_here) {
+    for (const std::string& name : response.names) SkipNumberedName(name);
+  }
+  if (joined_here && response.response_type == ResponseType::kError) {
+    // The collective cannot complete without this rank: its join() fails
+    // with the same error, so every rank sees it. Only the join that was in
+    // flight: one submitted since then is not negotiated yet.
+    if (state->joined) {
+      state->joined = false;
+      TensorEntry join;
+      Request join_request;
+      if (queue_->Take(kJoinName, &join, &join_request) && join.done) {
+        join.done(Status::PreconditionFailed(response.error));
+      }
+    }
+    return true;
+  }
   std::vector<TensorEntry> entries(response.names.size());
   std::vector<Request> requests(response.names.size());
+  JoinedParticipation participation;  // outlives the execution below
   for (size_t i = 0; i < response.names.size(); ++i) {
-    if (!queue_->Take(response.names[i], &entries[i], &requests[i])) {
-      Stop("internal error: negotiated collective '" + response.names[i] +
-           "' is unknown on this rank");
-      return false;
+    if (queue_->Take(response.names[i], &entries[i], &requests[i])) continue;
+    if (joined_here && i < response.params.size()) {
+      entries[i] = participation.Entry(response.params[i]);
+      continue;
     }
+    Stop("internal error: negotiated collective '" + response.names[i] +
+         "' is unknown on this rank");
+    return false;
   }
   Status s = state->executor.Execute(response, &entries);
   if (!s.ok()) {
     Stop("collective failed: " + s.message());
     return false;
   }
-  if (remember && response.response_type == ResponseType::kCollective &&
-      state->cache.capacity() > 0) {
+  if (response.type == CollectiveType::kJoin) state->joined = false;
+  // Join, and collectives some rank took part in without an entry, happen
+  // only now: there is nothing to remember.
+  if (remember && response.response_type == ResponseType::kCollective && response.joined.empty() &&
+      response.type != CollectiveType::kJoin && state->cache.capacity() > 0) {
     // Every rank executes the same responses in the same order, so every
     // cache assigns the same bits.
     // Copied once without its names: copying a fused response per member made
@@ -524,6 +562,7 @@ bool Engine::RunCycle(CycleState* state) {
   const auto cycle_start = Timeline::Clock::now();
   std::vector<Request> fresh;
   queue_->PopRequests(&fresh);
+  for (const Request& r : fresh) state->joined |= r.type == CollectiveType::kJoin;
   std::vector<Request> uncached = std::move(state->requeued);
   state->requeued.clear();
 

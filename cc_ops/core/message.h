@@ -24,7 +24,13 @@ struct Request {
   WireCompression compression = WireCompression::kNone;  // allreduce only
   std::vector<int64_t> splits;  // alltoall only; empty means equal splits
   std::string error;            // a local validation error, reported to all ranks
+  // Sent in full only because a rank has joined: the sender still has it
+  // cached with these parameters, so the coordinator must not evict it.
+  bool cached = false;
 };
+
+// Every rank's join entry carries this name, so the joins match.
+inline constexpr const char* kJoinName = "smdist.join";
 
 struct RequestList {
   std::vector<Request> requests;
@@ -47,10 +53,22 @@ struct Response {
   CollectiveType type = CollectiveType::kAllreduce;
   std::vector<std::string> names;  // more than one when fused
   std::string error;
+  // The error is in one rank's own input (bad splits, root out of range):
+  // InvalidArgument on every rank, as Horovod raises it; otherwise the ranks
+  // disagree (PreconditionFailed).
+  bool invalid_input = false;
   // allgather: first dimension of each rank's tensor.
   // alltoall: row-major size x size matrix, sizes[src * size + dst] = rows
   // rank src sends to rank dst.
   std::vector<int64_t> sizes;
+  // Ranks that have joined and take part without an entry of their own
+  // (zeros or the reduction's identity, no rows); Average divides by the
+  // ranks that contributed. A joined rank fails its join on an error response.
+  std::vector<int32_t> joined;
+  // With `joined`: one contributor's parameters per name, from which a joined
+  // rank builds the buffers it takes part with.
+  std::vector<Request> params;
+  int32_t last_joined = -1;  // join: the rank that joined last
 };
 
 struct ResponseList {

@@ -21,4 +21,14 @@ inline bool IsNumberedCallName(const std::string& name) {
   return name.find(std::string(kNumberedNameSuffix) + ".") != std::string::npos;
 }
 
+// The next call of `base` ("allreduce.noname" -> "allreduce.noname.7").
+// Process-wide and never reset, like Horovod's counters: shared by every
+// kernel of a kind (Sum and Average allreduces are different kernels). Any thread.
+std::string NextNumberedName(const std::string& base);
+
+// A rank inside join() takes part in the others' numbered calls without
+// making them: it moves its counter past `name` ("allreduce.noname.7.0"), so
+// its next call gets the number the others' next call gets.
+void SkipNumberedName(const std::string& name);
+
 }  // namespace smdist

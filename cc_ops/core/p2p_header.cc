@@ -60,7 +60,7 @@ Status DecodeP2pHeader(const uint8_t* bytes, int64_t length, std::vector<TensorS
   for (TensorSignature& t : *signature) {
     int64_t dtype = 0, rank = 0;
     if (!Get(bytes, length, &pos, &dtype) || dtype < 0 ||
-        dtype > static_cast<int64_t>(DataType::kBool)) {
+        dtype > static_cast<int64_t>(DataType::kInt16)) {
       return corrupt;
     }
     if (!Get(bytes, length, &pos, &rank) || rank < 0 || rank > kMaxDims) return corrupt;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -129,6 +130,22 @@ void ReduceManyThenScaleTyped(const void* const* inputs, int n, void* out, int64
 }
 
 template <typename T>
+T IdentityOf(ReduceOp op) {
+  constexpr bool kInf = std::numeric_limits<T>::has_infinity;
+  switch (op) {
+    case ReduceOp::kProduct: return T(1);
+    case ReduceOp::kMin: return kInf ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max();
+    case ReduceOp::kMax: return kInf ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
+    default: return T(0);
+  }
+}
+
+template <typename T>
+void FillTyped(void* data, int64_t n, T value) {
+  std::fill_n(static_cast<T*>(data), n, value);
+}
+
+template <typename T>
 void DivideTyped(void* buf, int64_t n, int64_t divisor) {
   T* p = static_cast<T*>(buf);
   for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(divisor));
@@ -224,6 +241,8 @@ void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout, int64_
     case DataType::kUInt8: return ReduceTyped<uint8_t>(op, in, inout, count);
     case DataType::kBool: return ReduceTyped<uint8_t>(op, in, inout, count);
     case DataType::kInt8: return ReduceTyped<int8_t>(op, in, inout, count);
+    case DataType::kUInt16: return ReduceTyped<uint16_t>(op, in, inout, count);
+    case DataType::kInt16: return ReduceTyped<int16_t>(op, in, inout, count);
     case DataType::kInt32: return ReduceTyped<int32_t>(op, in, inout, count);
     case DataType::kInt64: return ReduceTyped<int64_t>(op, in, inout, count);
     case DataType::kFloat32: return ReduceTyped<float>(op, in, inout, count);
@@ -252,6 +271,8 @@ void ScaleInto(DataType dtype, const void* in, void* out, int64_t count, double 
       if (out != in) CopyBytes(out, in, static_cast<size_t>(count));
       return;
     case DataType::kInt8: return ScaleTyped<int8_t>(in, out, count, factor);
+    case DataType::kUInt16: return ScaleTyped<uint16_t>(in, out, count, factor);
+    case DataType::kInt16: return ScaleTyped<int16_t>(in, out, count, factor);
     case DataType::kInt32: return ScaleTyped<int32_t>(in, out, count, factor);
     case DataType::kInt64: return ScaleTyped<int64_t>(in, out, count, factor);
     case DataType::kFloat32: return ScaleTyped<float>(in, out, count, factor);
@@ -267,9 +288,28 @@ void DivideInPlace(DataType dtype, void* buf, int64_t count, int64_t divisor) {
   switch (dtype) {
     case DataType::kUInt8: return DivideTyped<uint8_t>(buf, count, divisor);
     case DataType::kInt8: return DivideTyped<int8_t>(buf, count, divisor);
+    case DataType::kUInt16: return DivideTyped<uint16_t>(buf, count, divisor);
+    case DataType::kInt16: return DivideTyped<int16_t>(buf, count, divisor);
     case DataType::kInt32: return DivideTyped<int32_t>(buf, count, divisor);
     case DataType::kInt64: return DivideTyped<int64_t>(buf, count, divisor);
     default: return ScaleInPlace(dtype, buf, count, 1.0 / static_cast<double>(divisor));
+  }
+}
+
+void FillIdentity(DataType dtype, ReduceOp op, void* data, int64_t count) {
+  switch (dtype) {
+    case DataType::kUInt8: return FillTyped(data, count, IdentityOf<uint8_t>(op));
+    case DataType::kBool:  // logical: Min is "and" (identity true), Max is "or"
+      return FillTyped<uint8_t>(data, count, op == ReduceOp::kMin || op == ReduceOp::kProduct ? 1 : 0);
+    case DataType::kInt8: return FillTyped(data, count, IdentityOf<int8_t>(op));
+    case DataType::kUInt16: return FillTyped(data, count, IdentityOf<uint16_t>(op));
+    case DataType::kInt16: return FillTyped(data, count, IdentityOf<int16_t>(op));
+    case DataType::kInt32: return FillTyped(data, count, IdentityOf<int32_t>(op));
+    case DataType::kInt64: return FillTyped(data, count, IdentityOf<int64_t>(op));
+    case DataType::kFloat32: return FillTyped(data, count, IdentityOf<float>(op));
+    case DataType::kFloat64: return FillTyped(data, count, IdentityOf<double>(op));
+    case DataType::kFloat16: return FillTyped(data, count, FloatToHalf(IdentityOf<float>(op)));
+    case DataType::kBFloat16: return FillTyped(data, count, FloatToBFloat16(IdentityOf<float>(op)));
   }
 }
 

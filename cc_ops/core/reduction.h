@@ -34,4 +34,9 @@ void ScaleInto(DataType dtype, const void* in, void* out, int64_t count, double 
 // tf.math.truncatediv.
 void DivideInPlace(DataType dtype, void* buf, int64_t count, int64_t divisor);
 
+// data[i] = the identity of `op` (0 for Sum/Average, 1 for Product, the
+// largest value or +inf for Min, the lowest or -inf for Max): what a rank
+// that has joined contributes, leaving the others' result unchanged.
+void FillIdentity(DataType dtype, ReduceOp op, void* data, int64_t count);
+
 }  // namespace smdist

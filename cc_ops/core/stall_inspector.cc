@@ -53,7 +53,9 @@ bool StallInspector::Inspect(std::vector<PendingCollective> pending, Clock::time
     text += "\n  ... and " + std::to_string(pending.size() - kMaxNamedInWarning) + " more";
   }
   text += "\n  The missing ranks are stalled or issue different collectives: every rank must run the "
-          "same collectives with the same names.";
+          "same collectives with the same names. If ranks have different numbers of batches, a rank that "
+          "runs out must call smdist_tf.join() (Keras fit does it at each epoch end), or give every rank "
+          "the same number (steps_per_epoch, drop_remainder=True, repeat()).";
   if (shutdown_seconds_ > 0) {
     text += " The job stops once one has waited SMDIST_STALL_SHUTDOWN_TIME=" + FormatNumber(shutdown_seconds_) + " s.";
   }

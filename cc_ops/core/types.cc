@@ -10,6 +10,8 @@ size_t DataTypeSize(DataType dtype) {
       return 1;
     case DataType::kFloat16:
     case DataType::kBFloat16:
+    case DataType::kUInt16:
+    case DataType::kInt16:
       return 2;
     case DataType::kInt32:
     case DataType::kFloat32:
@@ -32,6 +34,8 @@ const char* DataTypeName(DataType dtype) {
     case DataType::kFloat32: return "float32";
     case DataType::kFloat64: return "float64";
     case DataType::kBool: return "bool";
+    case DataType::kUInt16: return "uint16";
+    case DataType::kInt16: return "int16";
   }
   return "unknown";
 }
@@ -74,6 +78,7 @@ const char* CollectiveTypeName(CollectiveType type) {
     case CollectiveType::kAlltoall: return "alltoall";
     case CollectiveType::kReducescatter: return "reducescatter";
     case CollectiveType::kBarrier: return "barrier";
+    case CollectiveType::kJoin: return "join";
   }
   return "unknown";
 }

@@ -18,6 +18,8 @@ enum class DataType : int32_t {
   kFloat32,
   kFloat64,
   kBool,
+  kUInt16,
+  kInt16,
 };
 
 // Values match the Python constants in smdist_tf/reduce_ops.py.
@@ -36,6 +38,9 @@ enum class CollectiveType : int32_t {
   kAlltoall,
   kReducescatter,
   kBarrier,
+  // Horovod's join(): this rank has no more work; until every rank has
+  // joined, the others' collectives complete without it.
+  kJoin,
 };
 
 // What floating-point tensors of an allreduce travel as (Compression.fp16/bf16).

@@ -4,7 +4,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "../core/coordinator.h"
@@ -22,17 +21,6 @@ using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 namespace bridge = tf_bridge;
-
-// Unnamed eager collectives arrive with the fixed name "<kind>.noname"; each
-// call takes the next number of its kind. Process-wide and never reset, like
-// Horovod's counters: shared by every kernel of a kind (Sum and Average
-// allreduces are different kernels).
-std::string NextNumberedName(const std::string& base) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, uint64_t> next;
-  std::lock_guard<std::mutex> lock(mu);
-  return base + "." + std::to_string(next[base]++);
-}
 
 // Completes the op once every entry it submitted is done, with the first
 // error any of them reported.
@@ -403,6 +391,26 @@ class BarrierKernel : public CollectiveKernel {
   }
 };
 
+// Horovod's join(): completes once every rank has joined; meanwhile the
+// engine lets this rank take part in the others' collectives without data.
+class JoinKernel : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    Tensor* last_joined = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, tensorflow::TensorShape({}), &last_joined), done);
+    auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
+    std::vector<TensorEntry> entries(1);
+    entries[0].name = kJoinName;
+    entries[0].type = CollectiveType::kJoin;
+    entries[0].dtype = DataType::kInt32;
+    entries[0].output = last_joined->scalar<int32_t>().data();
+    entries[0].done = [completion](const Status& s) { completion->EntryDone(s); };
+    Submit(ctx, std::move(entries), completion, done);
+  }
+};
+
 REGISTER_KERNEL_BUILDER(Name("SmdistAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceKernel);
 REGISTER_KERNEL_BUILDER(Name("SmdistBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastKernel);
 REGISTER_KERNEL_BUILDER(Name("SmdistAllgather").Device(tensorflow::DEVICE_CPU), AllgatherKernel);
@@ -410,6 +418,7 @@ REGISTER_KERNEL_BUILDER(Name("SmdistAlltoall").Device(tensorflow::DEVICE_CPU), A
 REGISTER_KERNEL_BUILDER(Name("SmdistReducescatter").Device(tensorflow::DEVICE_CPU),
                         ReducescatterKernel);
 REGISTER_KERNEL_BUILDER(Name("SmdistBarrier").Device(tensorflow::DEVICE_CPU), BarrierKernel);
+REGISTER_KERNEL_BUILDER(Name("SmdistJoin").Device(tensorflow::DEVICE_CPU), JoinKernel);
 
 }  // namespace
 }  // namespace smdist

@@ -39,7 +39,7 @@ absl::Status SameShapes(InferenceContext* c) {
 }  // namespace
 
 REGISTER_OP("SmdistAllreduce")
-    .Attr("T: list({uint8, int8, int32, int64, half, bfloat16, float, double})")
+    .Attr("T: list({uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double})")
     .Attr("reduce_op: int")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
@@ -55,7 +55,7 @@ REGISTER_OP("SmdistAllreduce")
          "engine thread. compression: floating-point tensors travel as float16/bfloat16.");
 
 REGISTER_OP("SmdistBroadcast")
-    .Attr("T: list({bool, uint8, int8, int32, int64, half, bfloat16, float, double})")
+    .Attr("T: list({bool, uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double})")
     .Attr("root_rank: int")
     .Input("tensors: T")
     .Input("tensor_name: string")
@@ -65,7 +65,7 @@ REGISTER_OP("SmdistBroadcast")
     .Doc("Replaces each tensor with root_rank's value.");
 
 REGISTER_OP("SmdistAllgather")
-    .Attr("T: {bool, uint8, int8, int32, int64, half, bfloat16, float, double}")
+    .Attr("T: {bool, uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double}")
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Output("output: T")
@@ -74,7 +74,7 @@ REGISTER_OP("SmdistAllgather")
     .Doc("Concatenates every rank's tensor along the first dimension, in rank order.");
 
 REGISTER_OP("SmdistAlltoall")
-    .Attr("T: {bool, uint8, int8, int32, int64, half, bfloat16, float, double}")
+    .Attr("T: {bool, uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double}")
     .Input("tensor: T")
     .Input("splits: int64")
     .Input("tensor_name: string")
@@ -89,7 +89,7 @@ REGISTER_OP("SmdistAlltoall")
     .Doc("Sends splits[r] rows to rank r; returns the rows received and their counts per rank.");
 
 REGISTER_OP("SmdistReducescatter")
-    .Attr("T: {uint8, int8, int32, int64, half, bfloat16, float, double}")
+    .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double}")
     .Attr("reduce_op: int")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
@@ -105,3 +105,10 @@ REGISTER_OP("SmdistBarrier")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Completes once every rank has reached it.");
+
+REGISTER_OP("SmdistJoin")
+    .Output("last_joined_rank: int32")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Completes once every rank has joined; until then the other ranks' collectives complete without this "
+         "one. Outputs the rank that joined last.");

@@ -29,7 +29,7 @@ absl::Status HintedShapes(InferenceContext* c) {
 }  // namespace
 
 REGISTER_OP("SmdistSend")
-    .Attr("T: list({bool, uint8, int8, int32, int64, half, bfloat16, float, double})")
+    .Attr("T: list({bool, uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double})")
     .Attr("peer: int")
     .Attr("tag: int = 0")
     .Input("tensors: T")
@@ -39,7 +39,7 @@ REGISTER_OP("SmdistSend")
          "waiting for the receiver.");
 
 REGISTER_OP("SmdistRecv")
-    .Attr("T: list({bool, uint8, int8, int32, int64, half, bfloat16, float, double})")
+    .Attr("T: list({bool, uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double})")
     .Attr("peer: int")
     .Attr("tag: int = 0")
     .Attr("shapes: list(shape) = []")

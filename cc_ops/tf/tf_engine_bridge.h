@@ -15,6 +15,8 @@ inline bool ToEngineType(tensorflow::DataType dt, DataType* out) {
   switch (dt) {
     case tensorflow::DT_UINT8: *out = DataType::kUInt8; return true;
     case tensorflow::DT_INT8: *out = DataType::kInt8; return true;
+    case tensorflow::DT_UINT16: *out = DataType::kUInt16; return true;
+    case tensorflow::DT_INT16: *out = DataType::kInt16; return true;
     case tensorflow::DT_INT32: *out = DataType::kInt32; return true;
     case tensorflow::DT_INT64: *out = DataType::kInt64; return true;
     case tensorflow::DT_HALF: *out = DataType::kFloat16; return true;

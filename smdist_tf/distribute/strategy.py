@@ -33,9 +33,10 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     ``scope()``; ``model.fit`` and ``strategy.run`` then average gradients over all
     ranks in one fused allreduce, variables start from rank 0's values, datasets are
     sharded per rank (the batch size you give is the global batch), and logs are
-    global averages. ``model.predict_on_batch(x)`` predicts this rank's ``x`` alone, with
-    no communication. Checkpoints and summaries should be written where
-    ``strategy.extended.should_checkpoint`` is true (rank 0).
+    global averages; per-rank datasets of different lengths never hang ``fit`` or
+    ``evaluate`` (see ``smdist_tf.keras.uneven_data``). ``model.predict_on_batch(x)``
+    predicts this rank's ``x`` alone, with no communication. Checkpoints and summaries
+    should be written where ``strategy.extended.should_checkpoint`` is true (rank 0).
 
     Args:
         compression: wire compression for floating-point reductions
@@ -51,8 +52,10 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         import keras  # only needed from here on
 
         from smdist_tf.keras.loss_scale import install_finite_agreement
+        from smdist_tf.keras.uneven_data import install_uneven_data_support
 
         install_finite_agreement()
+        install_uneven_data_support()
         install_local_predict_on_batch()
         if progress_on_rank_zero_only and rank() != 0:
             keras.config.disable_interactive_logging()

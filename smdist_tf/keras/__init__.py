@@ -1,8 +1,55 @@
-"""Keras 3 integration: ``DistributedOptimizer``, ``PipelineModel``, callbacks and object helpers (Horovod spelling)."""
+"""Keras 3 integration with the names of ``horovod.tensorflow.keras``: ``import smdist_tf.keras as hvd``.
 
-from smdist_tf.keras import callbacks
-from smdist_tf.keras.optimizer import DistributedOptimizer
-from smdist_tf.objects import allgather_object, broadcast_object
-from smdist_tf.pipeline.model import PipelineModel
+Runtime and topology (``init``, ``rank``, ``size``, ...), the collectives with Horovod's
+Keras-module signatures, ``DistributedOptimizer``, ``PartialDistributedOptimizer``,
+``load_model``, ``broadcast_global_variables``, ``callbacks``, ``elastic``,
+``Compression`` and ``PipelineModel``.
 
-__all__ = ["DistributedOptimizer", "PipelineModel", "allgather_object", "broadcast_object", "callbacks"]
+Names resolve lazily (PEP 562), as in ``smdist_tf``: importing this module does not
+import TensorFlow, so a script's top-level ``import smdist_tf.keras as hvd`` costs the
+launcher nothing. The first use of a name loads what it needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Horovod's Keras module re-exports these from horovod.tensorflow: the very objects of smdist_tf.
+_FROM_SMDIST_TF = (
+    "Adasum", "Average", "Compression", "Max", "Min", "Product", "Sum", "allgather_object", "broadcast_object",
+    "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "init",
+    "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "rank", "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",
+)
+# Public name -> module of smdist_tf.keras (or smdist_tf) that defines it.
+_EXPORTS: dict[str, str] = {
+    **{name: "smdist_tf.keras.collectives" for name in (
+        "allgather", "allreduce", "alltoall", "broadcast", "broadcast_global_variables", "grouped_allreduce",
+        "reducescatter",
+    )},
+    "DistributedOptimizer": "smdist_tf.keras.optimizer",
+    "PartialDistributedOptimizer": "smdist_tf.keras.partial_optimizer",
+    "PipelineModel": "smdist_tf.pipeline.model",
+    "load_model": "smdist_tf.keras.saving",
+}
+_SUBMODULES = ("callbacks", "elastic")
+
+__all__ = sorted([*_FROM_SMDIST_TF, *_EXPORTS, *_SUBMODULES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_SMDIST_TF:
+        value = getattr(importlib.import_module("smdist_tf"), name)
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        return importlib.import_module(f"smdist_tf.keras.{name}")
+    else:
+        raise AttributeError(f"module 'smdist_tf.keras' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

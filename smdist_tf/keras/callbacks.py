@@ -11,6 +11,9 @@ import keras
 import tensorflow as tf
 
 from smdist_tf.collectives import broadcast_variables, grouped_allreduce
+# Re-exported: Horovod's callbacks module has them.
+from smdist_tf.keras.checkpoint_callbacks import BestModelCheckpoint  # noqa: F401
+from smdist_tf.keras.schedule_callbacks import LearningRateScheduleCallback  # noqa: F401
 from smdist_tf.reduce_ops import Average
 from smdist_tf.runtime import rank, size
 
@@ -97,17 +100,21 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         return int(steps)
 
     def learning_rate_at(self, epoch: int, batch: int) -> float:
-        """The warm-up rate at ``batch`` of ``epoch`` (both from 0)."""
+        """The warm-up rate at ``batch`` of ``epoch`` (both from 0).
+
+        As in Horovod, the batch counts as done, so the last batch of the warm-up runs at
+        ``initial_lr``; from then on the rate is left to the optimizer and other callbacks.
+        """
         if self.warmup_epochs == 0:
             return self.initial_lr
-        progress = min((epoch + batch / self._steps()) / self.warmup_epochs, 1.0)
+        progress = min((epoch + (batch + 1) / self._steps()) / self.warmup_epochs, 1.0)
         return self.initial_lr / size() * (1.0 + progress * (size() - 1))
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
         self._epoch = epoch
 
     def on_train_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None:
-        if self._epoch > self.warmup_epochs:
+        if self._epoch >= self.warmup_epochs:  # a schedule starting here must not be overridden
             return
         optimizer = self.model.optimizer
         old = float(keras.ops.convert_to_numpy(optimizer.learning_rate))

@@ -10,7 +10,24 @@ import tensorflow as tf
 from smdist_tf.compression import Compression, Compressor
 from smdist_tf.gradient_tape import DistributedGradientTape
 from smdist_tf.keras.loss_scale import install_finite_agreement
+from smdist_tf.keras.uneven_data import install_uneven_data_support
 from smdist_tf.reduce_ops import Average
+
+
+class LocalSources:
+    """The layers and variables whose gradients stay on this rank (Horovod's local variables).
+
+    A plain object, not a list attribute of the optimizer: Keras would track variables in
+    such a list as the optimizer's own and save layers found there with it.
+    """
+
+    def __init__(self) -> None:
+        self.layers: list = []
+        self.variables: list = []
+
+    def resolved(self) -> list:
+        # Layers are resolved now, not when registered: they may have been unbuilt then.
+        return [v for layer in self.layers for v in layer.trainable_weights] + self.variables
 
 
 class _DistributedApply:
@@ -26,10 +43,24 @@ class _DistributedApply:
     def _smdist_reduces_in_apply(self) -> bool:
         return True
 
+    def smdist_local_sources(self) -> LocalSources:
+        """This optimizer's local layers and variables (created on first use)."""
+        if "_smdist_local" not in self.__dict__:
+            self.__dict__["_smdist_local"] = LocalSources()  # past Keras' attribute tracking
+        return self.__dict__["_smdist_local"]
+
+    def register_local_var(self, var: Any) -> None:
+        """Keeps ``var``'s gradient on this rank (not reduced), as Horovod's ``register_local_var``.
+
+        With ``scale_local_gradients`` (the default) it is divided by ``size()``. Register
+        before the first training step: ``fit`` traces the step once.
+        """
+        self.smdist_local_sources().variables.append(var)
+
     def _smdist_reducer(self) -> DistributedGradientTape:
-        # The tape's reduction (fusion, groups, sparse handling) without a recorded tape.
+        # The tape's reduction (fusion, groups, sparse handling, local sources) without a recorded tape.
         s = self._smdist_settings
-        return DistributedGradientTape(
+        reducer = DistributedGradientTape(
             None,
             compression=s["compression"],
             sparse_as_dense=s["sparse_as_dense"],
@@ -37,7 +68,11 @@ class _DistributedApply:
             gradient_predivide_factor=s["gradient_predivide_factor"],
             num_groups=s["num_groups"],
             groups=s["groups"],
+            scale_local_gradients=s["scale_local_gradients"],
         )
+        for var in self.smdist_local_sources().resolved():
+            reducer.register_local_source(var)
+        return reducer
 
     def build(self, variables: Sequence[Any]) -> None:
         super().build(variables)
@@ -94,6 +129,8 @@ def DistributedOptimizer(
     average_aggregated_gradients: bool = False,
     num_groups: int = 0,
     groups: Optional[Sequence[Sequence[Any]]] = None,
+    process_set: Any = None,
+    scale_local_gradients: bool = True,
 ) -> keras.optimizers.Optimizer:
     """Returns a copy of a Keras 3 ``optimizer`` that averages gradients over all ranks before applying them.
 
@@ -102,6 +139,9 @@ def DistributedOptimizer(
     without smdist_tf. Every update path (``model.fit``, ``apply_gradients``,
     ``apply``, a surrounding ``LossScaleOptimizer``) reduces in ``apply``. Use it
     without a ``tf.distribute`` strategy (a ``DataParallelStrategy`` already reduces).
+    ``model.fit`` with it copes with ranks holding different numbers of batches: a rank
+    whose epoch is over joins (``smdist_tf.join()``) and the weights are re-synced (see
+    ``smdist_tf.keras.uneven_data``).
 
     Args:
         optimizer: the Keras 3 optimizer to wrap (its config is copied; a fresh, unbuilt one is returned).
@@ -116,10 +156,15 @@ def DistributedOptimizer(
         average_aggregated_gradients: divide the accumulated gradients by ``backward_passes_per_step``.
         num_groups: split the gradients into this many fused requests (0: one).
         groups: explicit grouping of variables into fused requests.
+        process_set: only ``None`` (all ranks) is supported.
+        scale_local_gradients: divide the gradients of variables passed to the result's
+            ``register_local_var`` (which are not reduced) by ``size()``, as Horovod does.
 
     Returns:
         The distributed optimizer.
     """
+    if process_set is not None:
+        raise NotImplementedError("process sets are not supported yet: gradients are reduced over all ranks")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be >= 1")
     if tf.distribute.has_strategy() and tf.distribute.get_strategy().num_replicas_in_sync > 1:
@@ -128,6 +173,7 @@ def DistributedOptimizer(
     DistributedGradientTape(None, compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
                             num_groups=num_groups)
     install_finite_agreement()
+    install_uneven_data_support()
     base = type(optimizer)
     settings = dict(
         compression=compression,
@@ -138,6 +184,7 @@ def DistributedOptimizer(
         groups=groups,
         backward_passes_per_step=int(backward_passes_per_step),
         average_aggregated_gradients=average_aggregated_gradients,
+        scale_local_gradients=scale_local_gradients,
     )
     cls = type(base.__name__, (_DistributedApply, base), {"_smdist_settings": settings, "__module__": base.__module__})
     config = optimizer.get_config()

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import smdist_tf as sd
 
-REDUCIBLE = [tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64]
+REDUCIBLE = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64]
 MOVABLE = REDUCIBLE + [tf.bool]
 REDUCE_OPS = [sd.Sum, sd.Average, sd.Min, sd.Max, sd.Product]
 
@@ -21,10 +21,10 @@ def rank_values(rank: int, shape, dtype: tf.DType, op: int = sd.Sum, seed: int =
         if dtype.is_floating:
             base = rng.uniform(0.5, 1.5, size=shape)
         else:
-            base = rng.choice([1, 2] if dtype == tf.uint8 else [-1, 1, 2], size=shape)
+            base = rng.choice([1, 2] if dtype in (tf.uint8, tf.uint16) else [-1, 1, 2], size=shape)
     elif dtype.is_floating:
         base = rng.uniform(-4.0, 4.0, size=shape)
-    elif dtype == tf.uint8:
+    elif dtype in (tf.uint8, tf.uint16):
         base = rng.integers(0, 30, size=shape)
     else:
         base = rng.integers(-15, 30, size=shape)
@@ -34,6 +34,11 @@ def rank_values(rank: int, shape, dtype: tf.DType, op: int = sd.Sum, seed: int =
 
 def all_rank_values(shape, dtype, op=sd.Sum, seed=0) -> list[np.ndarray]:
     return [rank_values(r, shape, dtype, op, seed) for r in range(sd.size())]
+
+
+def contributors(joined=()) -> list[int]:
+    """The ranks that submit a collective while the ranks in ``joined`` wait in ``join()``, in rank order."""
+    return [r for r in range(sd.size()) if r not in joined]
 
 
 def expected_reduction(values: list[np.ndarray], op: int, dtype: tf.DType, prescale=1.0, postscale=1.0) -> np.ndarray:

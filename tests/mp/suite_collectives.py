@@ -137,6 +137,19 @@ class AllreduceTest(tf.test.TestCase):
             expected[r + 1] += r + 1
         self.assertAllClose(dense, expected)
 
+    def test_indexed_slices_average_every_dtype(self):
+        # Each rank's values are 10 * (rank + 1) + 1; Average scales the gathered rows by 1/size().
+        # Integer rows are divided exactly into floats, as Horovod does (they used to become zeros).
+        for dtype in REDUCIBLE:
+            with self.subTest(dtype=dtype.name):
+                values = tf.cast(tf.fill([1, 2], 10 * (RANK + 1) + 1), dtype)
+                out = sd.allreduce(tf.IndexedSlices(values, tf.constant([RANK]), tf.constant([SIZE, 2])), op=sd.Average)
+                want_dtype = dtype if dtype.is_floating else tf.float32 if dtype.size <= 2 else tf.float64
+                self.assertEqual(out.values.dtype, want_dtype)
+                expected = np.array([[(10 * (r + 1) + 1) / SIZE] * 2 for r in range(SIZE)])
+                self.assertAllClose(as_f64(out.values), expected, **tolerance(want_dtype))
+                self.assertAllEqual(out.indices, np.arange(SIZE))
+
     def test_oob_allreduce_averages(self):
         self.assertAllClose(sd.oob_allreduce(tf.constant(float(RANK))), (SIZE - 1) / 2.0)
 
@@ -245,6 +258,84 @@ class ReducescatterTest(tf.test.TestCase):
                     with self.subTest(dtype=dtype.name, op=op):
                         out = fn(tf.constant(values[RANK], dtype), op=op)
                         self.assertAllClose(as_f64(out), expected[start : start + mine], **tolerance(dtype))
+
+
+class HorovodGroupedAndInPlaceTest(tf.test.TestCase):
+    """Horovod names beyond the basic collectives: grouped_allgather/reducescatter and broadcast_."""
+
+    def test_grouped_allgather_every_dtype(self):
+        values = {dtype: [rank_values(r, (r + 1, 2), dtype) for r in range(SIZE)] for dtype in MOVABLE}
+        for fn in [sd.grouped_allgather, tf.function(sd.grouped_allgather)]:
+            outs = fn([tf.constant(values[d][RANK], d) for d in MOVABLE], name="grouped_gather")
+            for dtype, out in zip(MOVABLE, outs):
+                with self.subTest(dtype=dtype.name, graph=fn is not sd.grouped_allgather):
+                    self.assertEqual(out.dtype, dtype)
+                    self.assertAllEqual(out.numpy(), np.concatenate(values[dtype]))
+
+    def test_grouped_reducescatter_every_op(self):
+        rows = 2 * SIZE + 1
+        start = sum(rows // SIZE + (r < rows % SIZE) for r in range(RANK))
+        mine = rows // SIZE + (RANK < rows % SIZE)
+        for op in REDUCE_OPS:
+            values = [all_rank_values((rows, 3), dtype, op) for dtype in (tf.float32, tf.int32)]
+            outs = sd.grouped_reducescatter(
+                [tf.constant(v[RANK], d) for v, d in zip(values, (tf.float32, tf.int32))], op=op
+            )
+            for out, v, dtype in zip(outs, values, (tf.float32, tf.int32)):
+                with self.subTest(op=op, dtype=dtype.name):
+                    expected = expected_reduction(v, op, dtype)[start : start + mine]
+                    self.assertAllClose(as_f64(out), expected, **tolerance(dtype))
+
+    def test_broadcast_in_place_returns_the_variables(self):
+        import keras
+
+        variables = [tf.Variable(tf.fill([3], float(RANK))), keras.Variable(np.full([2], RANK, np.int32))]
+        returned = sd.broadcast_(variables, root_rank=SIZE - 1)
+        self.assertIs(returned[0], variables[0])
+        self.assertAllEqual(variables[0].numpy(), [SIZE - 1.0] * 3)
+        self.assertAllEqual(variables[1].numpy(), [SIZE - 1] * 2)
+
+        var = tf.Variable(tf.fill([2], float(RANK)))
+        read = tf.function(lambda: sd.broadcast_([var], root_rank=0))()
+        self.assertAllEqual(read[0], [0.0, 0.0])
+        self.assertAllEqual(var.numpy(), [0.0, 0.0])
+
+    def test_broadcast_in_place_in_a_v1_session(self):
+        # Horovod's TF1 usage: the returned values carry the assignment.
+        with tf.Graph().as_default():
+            var = tf.compat.v1.Variable(tf.fill([3], float(RANK)), use_resource=True)
+            out = sd.broadcast_([var], root_rank=SIZE - 1)
+            bcast_all = sd.broadcast_global_variables(SIZE - 1)
+            with tf.compat.v1.Session() as session:
+                session.run(var.initializer)
+                self.assertAllEqual(session.run(out)[0], [SIZE - 1.0] * 3)
+                session.run(var.assign(tf.fill([3], float(RANK))))
+                session.run(bcast_all)
+                self.assertAllEqual(session.run(var), [SIZE - 1.0] * 3)
+        with self.assertRaisesRegex(RuntimeError, "broadcast_variables"):
+            sd.broadcast_global_variables(0)
+
+
+class TopologyOpsTest(tf.test.TestCase):
+    """rank_op() and friends are evaluated when the graph runs."""
+
+    def test_values_eager_and_in_graph(self):
+        ops = [sd.rank_op, sd.size_op, sd.local_rank_op, sd.local_size_op, sd.process_set_included_op]
+        expected = [sd.rank(), sd.size(), sd.local_rank(), sd.local_size(), 1]
+        graph = tf.function(lambda: [op() for op in ops])
+        for got, eager_got, want in zip(graph(), [op() for op in ops], expected):
+            self.assertEqual(got.dtype, tf.int32)
+            self.assertEqual(int(got), want)
+            self.assertEqual(int(eager_got), want)
+
+    def test_value_is_read_at_run_time_not_trace_time(self):
+        graph = tf.function(sd.rank_op).get_concrete_function().graph
+        self.assertEqual([op.type for op in graph.get_operations() if op.type.startswith("Smdist")], ["SmdistRank"])
+
+    def test_unknown_process_set_raises(self):
+        for op in (sd.size_op, sd.process_set_included_op):
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "process set 3 does not exist"):
+                op(process_set_id=3)
 
 
 class OrderingAndBarrierTest(tf.test.TestCase):
@@ -380,15 +471,42 @@ class GradientTest(tf.test.TestCase):
         others1 = np.prod([xs[r][1] for r in range(SIZE) if r != RANK])
         self.assertAllClose(g, [w_total * others0, w_total * others1], rtol=1e-5)
 
-    def test_allgather_grad(self):
+    def test_allgather_grad_averages_like_horovod(self):
         x = np.ones([RANK + 1, 2], np.float32)
         w_total = sum(r + 1 for r in range(SIZE))
-        self.assertAllClose(self._grad(sd.allgather, x), np.full([RANK + 1, 2], w_total))
+        self.assertAllClose(self._grad(sd.allgather, x), np.full([RANK + 1, 2], w_total / SIZE))
 
-    def test_broadcast_grad(self):
+    def test_allgather_grad_is_horovods_test_value(self):
+        # Horovod's test: every rank passes the same upstream gradient, row block r filled with r;
+        # each rank gets back its own block.
+        sizes = [r + 1 for r in range(SIZE)]
+        x = tf.ones([sizes[RANK], 3])
+        upstream = tf.concat([tf.fill([n, 3], float(r)) for r, n in enumerate(sizes)], axis=0)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            gathered = sd.allgather(x)
+        self.assertAllClose(tape.gradient(gathered, x, upstream), np.full([sizes[RANK], 3], float(RANK)))
+
+    def test_broadcast_grad_averages_like_horovod(self):
         w_total = sum(r + 1 for r in range(SIZE))
-        g = self._grad(lambda t: sd.broadcast(t, 0), np.ones([2], np.float32))
-        self.assertAllClose(g, [w_total if RANK == 0 else 0.0] * 2)
+        for root in range(SIZE):
+            g = self._grad(lambda t: sd.broadcast(t, root), np.ones([2], np.float32))
+            self.assertAllClose(g, [w_total / SIZE if RANK == root else 0.0] * 2)
+
+    def test_broadcast_grad_in_tf_function_runs_on_every_rank(self):
+        # The non-root ranks discard the averaged gradient; they must still take part in it.
+        root = SIZE - 1
+
+        @tf.function
+        def grad(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(float(RANK + 1) * sd.broadcast(x, root))
+            return tape.gradient(loss, x)
+
+        w_total = sum(r + 1 for r in range(SIZE))
+        for _ in range(2):
+            self.assertAllClose(grad(tf.ones([3])), [w_total / SIZE if RANK == root else 0.0] * 3)
 
     def test_alltoall_grad(self):
         x = np.ones([SIZE, 2], np.float32)
@@ -398,10 +516,14 @@ class GradientTest(tf.test.TestCase):
 
     def test_reducescatter_grad(self):
         x = np.ones([SIZE, 2], np.float32)
+        # Horovod 0.28's scaling: Sum's gathered gradient times size(), Average's as is.
+        weights = np.repeat(np.arange(1, SIZE + 1, dtype=np.float32)[:, None], 2, axis=1)
         g = self._grad(lambda t: sd.reducescatter(t, op=sd.Sum), x)
-        self.assertAllClose(g, np.repeat(np.arange(1, SIZE + 1, dtype=np.float32)[:, None], 2, axis=1))
+        self.assertAllClose(g, weights * SIZE)
         g = self._grad(lambda t: sd.reducescatter(t, op=sd.Average), x)
-        self.assertAllClose(g, np.repeat(np.arange(1, SIZE + 1, dtype=np.float32)[:, None], 2, axis=1) / SIZE)
+        self.assertAllClose(g, weights)
+        g = self._grad(lambda t: sd.reducescatter(t, op=sd.Average, prescale_factor=2.0, postscale_factor=0.25), x)
+        self.assertAllClose(g, weights * 0.5)
 
     def test_grad_in_tf_function(self):
         w_total = sum(r + 1 for r in range(SIZE))

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import smdist_tf as sd
 import smdist_tf.keras as sk
+from tests.mp.sync_assertions import SyncAssertions
 
 RANK, SIZE = sd.rank(), sd.size()
 STRATEGY = sd.DataParallelStrategy()
@@ -37,17 +38,6 @@ def small_model(seed: int) -> keras.Model:
 
 def flat_weights(model: keras.Model) -> np.ndarray:
     return np.concatenate([np.asarray(w, np.float64).ravel() for w in model.get_weights()])
-
-
-class SyncAssertions(tf.test.TestCase):
-    def assert_identical_on_all_ranks(self, values: np.ndarray) -> None:
-        """Bit-identical, not merely close."""
-        everyone = sd.allgather(tf.reshape(tf.constant(values), [1, -1])).numpy()
-        for r in range(SIZE):
-            self.assertAllEqual(everyone[r], values, msg=f"rank {r} differs from rank {RANK}")
-
-    def assert_engine_healthy(self) -> None:
-        self.assertAllClose(sd.allreduce(tf.ones([2]), op=sd.Sum, name=f"healthy.{self.id()}"), [SIZE, SIZE])
 
 
 class StrategyApiTest(SyncAssertions):
@@ -318,7 +308,8 @@ class CallbackTest(SyncAssertions):
         warmup = sk.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2)
         model.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=4, epochs=3, shuffle=False, verbose=0, callbacks=[warmup, record])
         self.assertEqual(len(seen), 6)  # 2 batches per epoch
-        want = [0.4 / SIZE * (1 + min(step / 4, 1.0) * (SIZE - 1)) for step in range(6)]
+        # Horovod's ramp: full rate at the last batch of the warm-up, then left alone.
+        want = [0.4 / SIZE * (1 + min((step + 1) / 4, 1.0) * (SIZE - 1)) for step in range(6)]
         self.assertAllClose(seen, want, rtol=1e-6)
         with self.assertRaisesRegex(ValueError, "warmup_epochs"):
             sk.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=-1)
@@ -371,7 +362,14 @@ class ObjectTest(SyncAssertions):
         self.assertIsNone(sd.broadcast_object(None))
         with self.assertRaisesRegex(ValueError, "out of range"):
             sd.broadcast_object(1, root_rank=SIZE)
+        bcast = sd.broadcast_object_fn(root_rank=SIZE - 1, name="obj.fn")  # Horovod's spelling
+        self.assertEqual(bcast({"from": RANK}), {"from": SIZE - 1})
+        self.assertEqual(bcast([RANK]), [SIZE - 1])
         self.assert_engine_healthy()
+
+    def test_horovod_build_and_transport_flags(self):
+        self.assertTrue(sd.mpi_enabled())
+        self.assertFalse(any(f() for f in (sd.gloo_enabled, sd.ddl_built, sd.ccl_built, sd.rocm_built)))
 
 
 class OnBatchTest(SyncAssertions):

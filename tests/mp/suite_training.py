@@ -126,11 +126,76 @@ class DistributedGradientTapeTest(tf.test.TestCase):
             mean_w = sum(r + 1.0 for r in range(SIZE)) / SIZE
             self.assertAllClose([ga, gb, gc], [mean_w * 1.0, mean_w * 4.0, mean_w * 27.0], rtol=1e-6)
 
+    def test_local_sources_are_not_reduced(self):
+        # Horovod's local variables: a rank-specific head keeps its own (size-scaled) gradient.
+        shared = tf.Variable(tf.ones([3]))
+        head = keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)
+        head.build((None, 3))
+        x = tf.fill([1, 3], float(RANK + 1))
+
+        def grads(make_tape, scale_local_gradients=True):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(head(x * shared))
+            return make_tape(tape, scale_local_gradients).gradient(loss, [shared, head.kernel])
+
+        def registered(tape, scale):
+            distributed = sd.DistributedGradientTape(tape, scale_local_gradients=scale)
+            distributed.register_local_source(head.kernel)
+            return distributed
+
+        def partial(tape, scale):
+            return sd.PartialDistributedGradientTape(tape, local_layers=head, scale_local_gradients=scale)
+
+        mean_x = np.mean([r + 1.0 for r in range(SIZE)])
+        for make_tape in (registered, partial):
+            for scale in (True, False):
+                with self.subTest(tape=make_tape.__name__, scale=scale):
+                    g_shared, g_head = grads(make_tape, scale)
+                    self.assertAllClose(g_shared, [mean_x] * 3)  # reduced: averaged over ranks
+                    local = (RANK + 1.0) / (SIZE if scale else 1)
+                    self.assertAllClose(g_head, [[local]] * 3)  # local: this rank's own
+        with self.assertRaises(NotImplementedError):
+            sd.DistributedGradientTape(tf.GradientTape(), process_set=object())
+
     def test_invalid_tape_arguments(self):
         with self.assertRaisesRegex(ValueError, "Average or op=Sum"):
             sd.DistributedGradientTape(tf.GradientTape(), op=sd.Max)
         with self.assertRaisesRegex(ValueError, "needs op=Average"):
             sd.DistributedGradientTape(tf.GradientTape(), op=sd.Sum, gradient_predivide_factor=2.0)
+
+
+
+class SyncBatchNormalizationTest(tf.test.TestCase):
+    """Horovod's SyncBatchNormalization: statistics of the global batch, on every rank."""
+
+    def test_training_output_and_moving_stats_match_the_global_batch(self):
+        # Ranks hold batches of different sizes; the reference normalises their concatenation.
+        batches = [np.random.default_rng(r).normal(3.0, 2.0, size=(r + 2, 5)).astype(np.float32) for r in range(SIZE)]
+        sync = sd.SyncBatchNormalization(momentum=0.5)
+        reference = keras.layers.BatchNormalization(momentum=0.5)
+        x = tf.constant(batches[RANK])
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = sync(x, training=True)
+            loss = tf.reduce_sum(out * tf.range(5, dtype=tf.float32))
+        grad = tape.gradient(loss, x)
+        everything = tf.constant(np.concatenate(batches))
+        with tf.GradientTape() as ref_tape:
+            ref_tape.watch(everything)
+            ref_out = reference(everything, training=True)
+            ref_loss = tf.reduce_sum(ref_out * tf.range(5, dtype=tf.float32))
+        ref_grad = ref_tape.gradient(ref_loss, everything)
+        mine = slice(sum(b.shape[0] for b in batches[:RANK]), sum(b.shape[0] for b in batches[: RANK + 1]))
+        self.assertAllClose(out, ref_out[mine], rtol=1e-4, atol=1e-4)
+        self.assertAllClose(sync.moving_mean, reference.moving_mean, rtol=1e-5)
+        self.assertAllClose(sync.moving_variance, reference.moving_variance, rtol=1e-4)
+        # The sum of the per-rank losses is the reference loss: its gradient reaches each rank's rows.
+        self.assertAllClose(grad, ref_grad[mine], rtol=1e-3, atol=1e-4)
+
+    def test_inference_uses_the_moving_averages(self):
+        sync = sd.SyncBatchNormalization()
+        x = tf.fill([2, 3], float(RANK))
+        self.assertAllClose(sync(x, training=False), keras.layers.BatchNormalization()(x, training=False))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,34 @@
+#include "numbered_names.h"
+
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+namespace smdist {
+namespace {
+
+std::mutex g_mu;
+std::unordered_map<std::string, uint64_t> g_next;  // g_mu: by base name
+
+}  // namespace
+
+std::string NextNumberedName(const std::string& base) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return base + "." + std::to_string(g_next[base]++);
+}
+
+void SkipNumberedName(const std::string& name) {
+  const std::string marker = std::string(kNumberedNameSuffix) + ".";
+  const size_t at = name.find(marker);
+  if (at == std::string::npos) return;
+  uint64_t number = 0;
+  size_t i = at + marker.size();
+  const size_t first_digit = i;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) number = number * 10 + (name[i] - '0');
+  if (i == first_digit || (i < name.size() && name[i] != '.')) return;  // not a number we made
+  std::lock_guard<std::mutex> lock(g_mu);
+  uint64_t& next = g_next[name.substr(0, at + marker.size() - 1)];
+  if (next <= number) next = number + 1;
+}
+
+}  // namespace smdist

@@ -1,0 +1,119 @@
+"""Every reach of smdist_tf's uneven-data support into Keras internals, in one place.
+
+Keras 3 gives ``fit`` no public hook between the last training step of an epoch and
+the work that follows it: reading the metrics (collectives under a ``tf.distribute``
+strategy), validation, and only then the callbacks' ``on_epoch_end``. A rank that ran
+out of data must ``join()`` right there (smdist_tf/keras/uneven_data.py), so this
+module patches ``keras.Model``. Each reach, and the Keras 3.15 behaviour it relies on:
+
+* ``keras.Model.fit`` and ``keras.Model.evaluate`` are wrapped (public methods,
+  monkeypatched): ``fit`` so its ``callbacks`` argument gets one more callback, both so
+  the hook below knows which loop just ended.
+* ``keras.Model._get_metrics_result_or_logs`` (private) is wrapped: ``fit`` calls it
+  once per epoch, right after the epoch's last training step on this rank and before
+  validation and ``on_epoch_end``; ``evaluate`` calls it once, after its last step.
+* ``CallbackList.callbacks`` (undocumented) is the list a ``CallbackList`` calls, in
+  order; a ``CallbackList`` the user passes to ``fit`` gets one more callback there.
+* ``Callback.params["steps"]`` (set by ``fit``) is the number of batches per epoch:
+  ``steps_per_epoch`` when given, else the data's length when Keras knows it, else
+  ``None``. When the data runs out before that, Keras warns and ends the epoch early
+  on that rank alone.
+
+tests/test_compat.py checks each of these against the installed Keras, so an upgrade
+that moves one fails there, loudly, rather than hanging a job.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import weakref
+from typing import Any, Callable, Optional
+
+# Which loops (``"fit"``, ``"evaluate"``) are running per model, innermost last, with
+# the state ``prepare_fit`` returned; weak, so models can be freed.
+_running: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+PrepareFit = Callable[[Any, Any], tuple[Any, Any]]
+LoopEnd = Callable[[Any, str, Any], None]
+
+
+def epoch_steps(params: Optional[dict]) -> Optional[int]:
+    """The batches per epoch ``fit`` announced to its callbacks, or None when unknown."""
+    steps = (params or {}).get("steps")
+    return None if steps is None else int(steps)
+
+
+def append_callback(callback_list: Any, callback: Any) -> None:
+    """Adds ``callback`` last to a ``keras.callbacks.CallbackList``, replacing any of its type there."""
+    kept = [c for c in callback_list.callbacks if not isinstance(c, type(callback))]
+    callback_list.callbacks = kept + [callback]
+    callback.set_params(callback_list.params)
+
+
+def hook_training_loops(cls: type, prepare_fit: PrepareFit, loop_end: LoopEnd) -> None:
+    """Patches ``cls.fit``, ``cls.evaluate`` and ``cls._get_metrics_result_or_logs``.
+
+    Args:
+        cls: the model class to patch (``keras.Model`` to reach every model).
+        prepare_fit: called as ``prepare_fit(model, callbacks)`` at the start of each
+            ``fit`` with its ``callbacks`` argument; returns ``(callbacks, state)``:
+            the callbacks ``fit`` runs with, and what ``loop_end`` gets for this fit.
+        loop_end: called as ``loop_end(model, loop, state)`` when the training loop of
+            an epoch (``loop="fit"``) or an evaluation (``loop="evaluate"``, ``state``
+            None) has run its last step on this rank, before Keras reads the metrics.
+    """
+    keras_fit, keras_evaluate = cls.fit, cls.evaluate
+    keras_metrics_or_logs = cls._get_metrics_result_or_logs
+    fit_signature = inspect.signature(keras_fit)
+
+    def run_as(model: Any, loop: str, state: Any, call: Callable[[], Any]) -> Any:
+        loops = _running.setdefault(model, [])
+        loops.append((loop, state))
+        try:
+            return call()
+        finally:
+            loops.pop()
+
+    @functools.wraps(keras_fit)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = fit_signature.bind(self, *args, **kwargs)
+        except TypeError:
+            return keras_fit(self, *args, **kwargs)  # Keras words the error
+        callbacks, state = prepare_fit(self, bound.arguments.get("callbacks"))
+        bound.arguments["callbacks"] = callbacks
+        return run_as(self, "fit", state, lambda: keras_fit(*bound.args, **bound.kwargs))
+
+    @functools.wraps(keras_evaluate)
+    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return run_as(self, "evaluate", None, lambda: keras_evaluate(self, *args, **kwargs))
+
+    @functools.wraps(keras_metrics_or_logs)
+    def get_metrics_result_or_logs(self: Any, logs: Any) -> Any:
+        loops = _running.get(self)
+        if loops:
+            loop_end(self, *loops[-1])
+        return keras_metrics_or_logs(self, logs)
+
+    cls.fit, cls.evaluate = fit, evaluate
+    cls._get_metrics_result_or_logs = get_metrics_result_or_logs
+
+
+# SyncBatchNormalization (smdist_tf/sync_batch_norm.py) overrides
+# keras.layers.BatchNormalization._moments(inputs, mask) (private), which call() uses in
+# training for the batch mean and variance (not keepdims), and reads
+# BatchNormalization._reduction_axes (private), the axes those statistics reduce.
+
+
+def batch_norm_local_moments(layer: Any, inputs: Any, mask: Any) -> tuple[Any, Any]:
+    """Keras' own per-rank ``BatchNormalization._moments``."""
+    import keras
+
+    return keras.layers.BatchNormalization._moments(layer, inputs, mask)
+
+
+def batch_norm_reduction_axes(layer: Any) -> list:
+    """The axes ``BatchNormalization`` computes its statistics over."""
+    return list(layer._reduction_axes)
+
