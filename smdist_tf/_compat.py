@@ -117,3 +117,16 @@ def batch_norm_reduction_axes(layer: Any) -> list:
     """The axes ``BatchNormalization`` computes its statistics over."""
     return list(layer._reduction_axes)
 
+
+# broadcast_object / allgather_object (smdist_tf/objects.py) exchange Python values, so
+# they run eagerly even when called while a graph is built: tensorflow.python.eager.
+# context.eager_mode() (private) switches to eager execution inside a tf.compat.v1 graph
+# or a tf.function being traced, where tf.init_scope() would stay in the user's graph.
+
+
+def eager_scope() -> Any:
+    """A context in which TensorFlow executes eagerly, whatever graph is being built."""
+    from tensorflow.python.eager import context
+
+    return context.eager_mode()
+

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow as tf
 
+from smdist_tf import _compat
 from smdist_tf.collectives import allgather, broadcast
 from smdist_tf.runtime import rank, size
 
@@ -41,8 +42,9 @@ def _bytes_tensor(data: bytes) -> tf.Tensor:
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
     """Returns ``root_rank``'s ``obj`` on every rank (pickled, sent as bytes).
 
-    Must be called eagerly, by every rank, in the same order. Other ranks may pass
-    any value (for example ``None``); only the root's is pickled.
+    Must be called by every rank, in the same order. Other ranks may pass any value
+    (for example ``None``); only the root's is pickled. Called while ``tf.function``
+    traces or a ``tf.compat.v1`` graph is built, the exchange happens then, eagerly.
 
     Args:
         obj: a picklable object (read on ``root_rank`` only).
@@ -60,6 +62,11 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -
     """
     if not 0 <= root_rank < size():
         raise ValueError(f"root_rank {root_rank} is out of range for {size()} ranks")
+    with _compat.eager_scope():  # a Python value: exchanged eagerly, also while a graph is being built
+        return _broadcast_object(obj, root_rank, name)
+
+
+def _broadcast_object(obj: Any, root_rank: int, name: Optional[str]) -> Any:
     is_root = rank() == root_rank
     status, payload, error = _pickle(obj) if is_root else (_PICKLED, b"", None)
     # The header travels first so every rank knows the outcome and allocates the same buffer shape.
@@ -91,7 +98,8 @@ def broadcast_object_fn(root_rank: int = 0, name: Optional[str] = None, process_
 def allgather_object(obj: Any, name: Optional[str] = None) -> list:
     """Returns the list of every rank's ``obj``, in rank order.
 
-    Must be called eagerly, by every rank, in the same order.
+    Must be called by every rank, in the same order. Called while ``tf.function``
+    traces or a ``tf.compat.v1`` graph is built, the exchange happens then, eagerly.
 
     Args:
         obj: a picklable object.
@@ -105,6 +113,11 @@ def allgather_object(obj: Any, name: Optional[str] = None) -> list:
             the message names each such rank and its object's type, and on those
             ranks the original error is the cause.
     """
+    with _compat.eager_scope():  # a Python value: exchanged eagerly, also while a graph is being built
+        return _allgather_object(obj, name)
+
+
+def _allgather_object(obj: Any, name: Optional[str]) -> list:
     status, payload, error = _pickle(obj)
     headers = allgather(tf.constant([[status, len(payload)]], tf.int64), name=f"{name}.sizes" if name else None).numpy()
     data = allgather(_bytes_tensor(payload), name=f"{name}.data" if name else None).numpy()

@@ -194,3 +194,21 @@ def test_batch_norm_moments_and_axes_are_what_sync_batch_norm_overrides():
 
     Probe()(x, training=True)
     assert calls, "BatchNormalization.call no longer uses _moments"
+
+
+def test_eager_scope_executes_eagerly_inside_graphs():
+    """objects.py relies on it to exchange Python values while a graph is built or traced."""
+    with tf.Graph().as_default():
+        assert not tf.executing_eagerly()
+        with _compat.eager_scope():
+            assert int((tf.constant(2) * 3).numpy()) == 6
+    seen = []
+
+    @tf.function
+    def traced():
+        with _compat.eager_scope():
+            seen.append(int(tf.constant(5).numpy()))
+        return tf.constant(0)
+
+    traced()
+    assert seen == [5]

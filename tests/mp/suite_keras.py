@@ -367,6 +367,21 @@ class ObjectTest(SyncAssertions):
         self.assertEqual(bcast([RANK]), [SIZE - 1])
         self.assert_engine_healthy()
 
+    def test_objects_while_a_graph_is_built(self):
+        # Horovod's graph-mode use: the exchange happens eagerly, when the graph is built or traced.
+        with tf.Graph().as_default():
+            self.assertEqual(sd.broadcast_object({"r": RANK}, root_rank=SIZE - 1, name="obj.graph"), {"r": SIZE - 1})
+            self.assertEqual(sd.allgather_object(RANK, name="obj.graph.all"), list(range(SIZE)))
+        traced = []
+
+        @tf.function
+        def trace():
+            traced.append(sd.allgather_object(RANK * 2, name="obj.trace"))
+            return tf.constant(0)
+
+        trace()
+        self.assertEqual(traced, [[2 * r for r in range(SIZE)]])
+
     def test_horovod_build_and_transport_flags(self):
         self.assertTrue(sd.mpi_enabled())
         self.assertFalse(any(f() for f in (sd.gloo_enabled, sd.ddl_built, sd.ccl_built, sd.rocm_built)))
