@@ -263,10 +263,7 @@ def allgather(tensor: TensorLike, name: Optional[str] = None, process_set: Any =
 
 
 def grouped_allgather(tensors: Sequence[TensorLike], name: Optional[str] = None, process_set: Any = None) -> list:
-    """:func:`allgather` of each tensor (Horovod's ``grouped_allgather``); results in order.
-
-    Submitted together, so they are negotiated in the same cycles.
-    """
+    """:func:`allgather` of each tensor (Horovod's ``grouped_allgather``), one request each; results in order."""
     _check_process_set(process_set)
     return [allgather(t, name=f"{name}.{i}" if name else None) for i, t in enumerate(tensors)]
 
@@ -431,7 +428,7 @@ def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = N
         return variables
     # In a graph (tf.compat.v1 sessions included) the reads must wait for the assignment.
     with tf.control_dependencies([assigned]):
-        return [tf.identity(v.read_value() if hasattr(v, "read_value") else v.value) for v in variables]
+        return [tf.identity(v) for v in variables]
 
 
 def broadcast_global_variables(root_rank: int) -> tf.Operation:

@@ -45,9 +45,9 @@ class _DistributedApply:
 
     def smdist_local_sources(self) -> LocalSources:
         """This optimizer's local layers and variables (created on first use)."""
-        if "_smdist_local" not in self.__dict__:
-            self.__dict__["_smdist_local"] = LocalSources()  # past Keras' attribute tracking
-        return self.__dict__["_smdist_local"]
+        if not hasattr(self, "_smdist_local"):
+            self._smdist_local = LocalSources()
+        return self._smdist_local
 
     def register_local_var(self, var: Any) -> None:
         """Keeps ``var``'s gradient on this rank (not reduced), as Horovod's ``register_local_var``.
