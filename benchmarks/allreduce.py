@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from smdist_tf.run.session_dir import BASE_VARIABLE, private_session_base
+
 ROOT = Path(__file__).resolve().parent.parent
 FULL_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4 << 10, 1 << 20]
@@ -561,17 +563,19 @@ def run_phase(phase: str, args: argparse.Namespace, repeat: Optional[int] = None
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
                TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
                PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p))
-    proc = subprocess.Popen(mpirun_cmd(args.np, args.hosts, env) + argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=sys.stderr, text=True, start_new_session=True)
     records: list[dict] = []
     deadline = time.monotonic() + args.timeout
     error = None
-    try:
-        out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        error = f"phase {phase} timed out after {args.timeout} s"
+    # A private session directory: a phase killed below must not break a later mpirun.
+    with private_session_base(BASE_VARIABLE if args.hosts is None else None, env) as env:
+        proc = subprocess.Popen(mpirun_cmd(args.np, args.hosts, env) + argv, cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=sys.stderr, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            error = f"phase {phase} timed out after {args.timeout} s"
     for line in out.splitlines():
         try:
             rec = json.loads(line)

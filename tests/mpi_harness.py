@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import smdist_tf
+from smdist_tf.run.session_dir import BASE_VARIABLE, private_session_base
 
 ROOT = Path(__file__).resolve().parent.parent
 MP_DIR = Path(__file__).resolve().parent / "mp"
@@ -57,7 +58,8 @@ def run_process_group(argv: list[str], cwd: Path, env: dict, timeout: float) -> 
 def run_under_mpi(np: int, argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:
     """Runs ``python argv...`` on ``np`` ranks; returns (exit code, combined output)."""
     cmd = [mpirun_path(), "-np", str(np), "--oversubscribe", "--bind-to", "none", sys.executable, *argv]
-    return run_process_group(cmd, ROOT, mpi_env(env), timeout)
+    with private_session_base(BASE_VARIABLE, mpi_env(env)) as job_env:
+        return run_process_group(cmd, ROOT, job_env, timeout)
 
 
 def run_suite(suite: str, np: int, timeout: float, env: dict | None = None) -> str:

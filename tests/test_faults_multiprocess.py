@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from smdist_tf.run.session_dir import BASE_VARIABLE, private_session_base
 from tests.mpi_harness import mpi_env, mpirun_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,19 +98,20 @@ def test_segments_of_a_killed_job_are_swept_at_the_next_start(tmp_path):
     script.write_text("import time, smdist_tf as sd, tensorflow as tf\nsd.init()\nsd.allreduce(tf.ones([1 << 20]))\n"
                       "print('READY', flush=True)\ntime.sleep(300)\n")
     before = segment_files()
-    job = subprocess.Popen([mpirun_path(), "-np", "2", "--oversubscribe", "--bind-to", "none", sys.executable,
-                            str(script)], cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, start_new_session=True)
-    try:
-        ready = 0
-        deadline = time.monotonic() + 120
-        while ready < 2 and time.monotonic() < deadline:
-            line = job.stdout.readline()
-            ready += line.startswith("READY")
-        assert ready == 2
-    finally:
-        os.killpg(job.pid, signal.SIGKILL)  # the launcher too: nobody left to clean up
-        job.wait(timeout=30)
+    with private_session_base(BASE_VARIABLE, mpi_env()) as session:  # mpirun is killed below
+        job = subprocess.Popen([mpirun_path(), "-np", "2", "--oversubscribe", "--bind-to", "none", sys.executable,
+                                str(script)], cwd=ROOT, env=session, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+        try:
+            ready = 0
+            deadline = time.monotonic() + 120
+            while ready < 2 and time.monotonic() < deadline:
+                line = job.stdout.readline()
+                ready += line.startswith("READY")
+            assert ready == 2
+        finally:
+            os.killpg(job.pid, signal.SIGKILL)  # the launcher too: nobody left to clean up
+            job.wait(timeout=30)
     left = segment_files() - before
     assert len(left) == 2, f"expected the killed job's two segments, found {left}"
 

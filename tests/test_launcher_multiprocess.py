@@ -110,6 +110,26 @@ def test_failed_rank_stops_the_others_with_its_code(np, capfd, deadline):
     assert leftovers(tag) == []
 
 
+def test_a_killed_jobs_session_files_do_not_stop_the_next_job(tmp_path, monkeypatch, capfd, deadline):
+    """A killed mpirun leaves $TMPDIR/ompi.<pid>/pmix.<host>.tool behind; with pids reused, plain
+    mpirun then dies at start ("The PMIx server's listener thread failed to start")."""
+    deadline(60)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    host = os.uname().nodename
+    for offset in range(1, 2000):  # every pid the launcher's mpirun may be given next
+        pid = (os.getpid() + offset) % pid_max
+        (tmp_path / f"ompi.{pid}").mkdir(exist_ok=True)
+        (tmp_path / f"ompi.{pid}" / f"pmix.{host}.tool").touch()
+    stale = set(tmp_path.iterdir())
+    tag = uuid.uuid4().hex
+    code = main(["-np", "2", *ranks("echo", tag)])
+    out, err = capfd.readouterr()
+    assert code == 0, out + err
+    assert f"hello 1 {tag}" in out
+    assert set(tmp_path.iterdir()) == stale, "the job's own session directory was not removed"
+
+
 def test_log_level_and_cycle_marks_reach_the_engine(tmp_path, capfd, deadline):
     deadline(120)
     code = main(["-np", "2", "--log-level", "info", "--timeline-filename", str(tmp_path / "tl.json"),

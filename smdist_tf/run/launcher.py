@@ -25,6 +25,7 @@ from smdist_tf.run.mpi_command import (
     MpiJob, build_command, detect_flavour, exported_names, find_mpirun, launcher_env,
 )
 from smdist_tf.run.rank_agent import TOKEN_ENV
+from smdist_tf.run.session_dir import private_session_base, session_base_variable
 from smdist_tf.run.supervisor import Outcome, Supervisor
 from smdist_tf.run.tuning_env import tuning_env
 
@@ -42,6 +43,7 @@ class LaunchPlan:
     token: str
     start_timeout: float
     notes: list[str]  # what the launcher decided, shown with --verbose
+    session_base_variable: str | None = None  # set to a private directory for each launch
 
 
 def say(stream: IO, text: str) -> None:
@@ -141,7 +143,8 @@ def plan(s: LaunchSettings, environ: Mapping[str, str] | None = None, rank_comma
         notes.append(f"{name}={shlex.quote(value)}")
     if s.ignored_config:
         notes.append(f"config entries not used by smdist_tf: {', '.join(s.ignored_config)}")
-    return LaunchPlan(build_command(job), env, np, token, s.start_timeout, notes)
+    return LaunchPlan(build_command(job), env, np, token, s.start_timeout, notes,
+                      session_base_variable(flavour, environ, remote))
 
 
 def launch(p: LaunchPlan, verbose: bool = False, stdout: IO | None = None, stderr: IO | None = None) -> Outcome:
@@ -154,16 +157,17 @@ def launch(p: LaunchPlan, verbose: bool = False, stdout: IO | None = None, stder
         for note in p.notes:
             say(err, note)
         say(err, shlex.join(p.command))
-    sup = Supervisor(p.command, p.env, p.np, p.token, p.start_timeout, stdout, stderr)
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:
-            previous[sig] = signal.signal(sig, lambda signum, _frame: sup.interrupt(signum))
-    try:
-        outcome = sup.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with private_session_base(p.session_base_variable, p.env) as env:
+        sup = Supervisor(p.command, env, p.np, p.token, p.start_timeout, stdout, stderr)
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                previous[sig] = signal.signal(sig, lambda signum, _frame: sup.interrupt(signum))
+        try:
+            outcome = sup.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     if outcome.exit_code != 0 and outcome.failed_rank is not None and outcome.reason is None:
         host = outcome.started.get(outcome.failed_rank.rank)
         say(err, f"{outcome.failed_rank.describe(host)}; the other ranks were stopped")
