@@ -123,13 +123,16 @@ def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None) ->
     py_compile = pybind_flags()
     print(f"smdist_tf build: TensorFlow {tf_version}, MPI {mpi_flavour} ({mpicxx})", flush=True)
 
-    core_sources = sorted((CC_OPS / "core").glob("*.cc"))
+    # The engine's folders (common/, control/, transports/...) are named in
+    # includes from cc_ops/core, by every layer.
+    core_sources = sorted((CC_OPS / "core").rglob("*.cc"))
     tf_sources = sorted((CC_OPS / "tf").glob("*.cc"))
     py_sources = sorted((CC_OPS / "python").glob("*.cc"))
-    headers = sorted(CC_OPS.glob("*/*.h"))
+    headers = sorted(CC_OPS.rglob("*.h"))
+    core_include = [f"-I{CC_OPS / 'core'}"]
 
     def obj(src: Path) -> Path:
-        return obj_dir / src.parent.name / (src.stem + ".o")
+        return obj_dir / src.relative_to(CC_OPS).with_suffix(".o")
 
     # Objects built against another TensorFlow or MPI must not be reused:
     # a changed toolchain stamp forces a full rebuild.
@@ -142,9 +145,9 @@ def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None) ->
         obj_dir.mkdir(parents=True, exist_ok=True)
         stamp_file.write_text(stamp)
 
-    jobs = [(s, obj(s), mpi_compile) for s in core_sources]
-    jobs += [(s, obj(s), tf_compile) for s in tf_sources]
-    jobs += [(s, obj(s), py_compile) for s in py_sources]
+    jobs = [(s, obj(s), [*core_include, *mpi_compile]) for s in core_sources]
+    jobs += [(s, obj(s), [*core_include, *tf_compile]) for s in tf_sources]
+    jobs += [(s, obj(s), [*core_include, *py_compile]) for s in py_sources]
     compile_objects(jobs, headers, workers)
 
     out_dir.mkdir(parents=True, exist_ok=True)

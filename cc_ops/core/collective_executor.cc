@@ -1,10 +1,11 @@
 #include "collective_executor.h"
 
-#include "coordinator.h"
-#include "copy_bytes.h"
-#include "reduction.h"
-#include "span_staging.h"
-#include "wire_compression.h"
+#include <string>
+
+#include "common/copy_bytes.h"
+#include "common/reduction.h"
+#include "common/span_staging.h"
+#include "control/coordinator.h"
 
 namespace smdist {
 namespace {
@@ -28,7 +29,7 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
   Status transport_status;
   Status result;
   alloc_status_ = Status::OK();
-  contributors_ = transport_->topology().size - static_cast<int>(response.joined.size());
+  contributors_ = topology_.size - static_cast<int>(response.joined.size());
   const auto start = Timeline::Clock::now();
   if (timeline_->active()) {
     tracing_ = response.names;
@@ -40,6 +41,13 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
                                                     : "\"in_place\":false";
       timeline_->Record({e.name}, "NEGOTIATE", e.enqueued_at, start, in_place);
     }
+  }
+  // Data on a device is read only once the work that produces it has run. A
+  // tensor that never becomes ready still takes part (the peers are already
+  // in the collective) and then fails.
+  Status ready;
+  for (const TensorEntry& e : *entries) {
+    if (e.ready_event && ready.ok()) ready = e.ready_event->Wait();
   }
   if (response.response_type == ResponseType::kError) {
     result = response.invalid_input ? Status::InvalidArgument(response.error)
@@ -68,7 +76,7 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
         *static_cast<int32_t*>((*entries)[0].output) = response.last_joined;
         break;
     }
-    result = transport_status.ok() ? alloc_status_ : transport_status;
+    result = !transport_status.ok() ? transport_status : !ready.ok() ? ready : alloc_status_;
   }
   if (response.response_type == ResponseType::kError) {
     Trace("ERROR", start);
@@ -94,72 +102,6 @@ void CollectiveExecutor::FinishReduction(DataType dtype, ReduceOp op, double pos
   ScaleInPlace(dtype, data, count, postscale);
 }
 
-Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
-  const TensorEntry& first = (*entries)[0];
-  const DataType dtype = first.dtype;
-  const size_t elem = DataTypeSize(dtype);
-  const DataType wire = WireDataType(dtype, first.compression);
-  int64_t total = 0;
-  for (const TensorEntry& e : *entries) total += NumElements(e.shape);
-  const int64_t wire_bytes = total * static_cast<int64_t>(DataTypeSize(wire));
-  // Large uncompressed allreduces read peers' tensors in place (cross-memory
-  // attach); the rest, compressed ones included, are staged through shared
-  // memory, which converts and scales on the way in and out.
-  const bool in_place = wire == dtype && transport_->CanAllreduceSpans(wire_bytes, entries->size());
-  if (!in_place && transport_->CanAllreduceStaged(wire_bytes)) return AllreduceStaged(*entries, wire);
-  if (wire != dtype) return AllreduceCompressed(entries, wire);
-  if (entries->size() == 1) return AllreduceSingle(&(*entries)[0]);
-  if (first.prescale == 1.0 && in_place) {
-    std::vector<const TensorEntry*> all;
-    for (const TensorEntry& e : *entries) all.push_back(&e);
-    return AllreduceInPlace(all);
-  }
-  // Large tensors gain nothing from the fusion buffer but two copies (their
-  // transfer dwarfs one call's latency): reduce them where they lie. Every
-  // rank sees the same sizes, so every rank makes the same calls.
-  std::vector<TensorEntry*> packed;
-  total = 0;
-  for (TensorEntry& e : *entries) {
-    const int64_t count = NumElements(e.shape);
-    if (count * static_cast<int64_t>(elem) >= kUnfusedTensorBytes) {
-      SMDIST_RETURN_IF_ERROR(AllreduceSingle(&e));
-    } else {
-      packed.push_back(&e);
-      total += count;
-    }
-  }
-  if (packed.empty()) return Status::OK();
-  // Fused: pack, reduce once, unpack.
-  if (fusion_buffer_.size() < static_cast<size_t>(total) * elem) {
-    fusion_buffer_.resize(static_cast<size_t>(total) * elem);
-  }
-  uint8_t* buf = fusion_buffer_.data();
-  auto t0 = Timeline::Clock::now();
-  int64_t offset = 0;
-  for (const TensorEntry* e : packed) {
-    const int64_t bytes = NumElements(e->shape) * elem;
-    if (bytes > 0) CopyBytes(buf + offset, e->input, bytes);
-    offset += bytes;
-  }
-  ScaleInPlace(dtype, buf, total, first.prescale);
-  Trace("COPY_IN_FUSION_BUFFER", t0);
-  t0 = Timeline::Clock::now();
-  if (total > 0) {
-    SMDIST_RETURN_IF_ERROR(transport_->Allreduce(buf, buf, total, dtype, WireOp(first.reduce_op)));
-  }
-  FinishReduction(dtype, first.reduce_op, first.postscale, buf, total);
-  Trace("ALLREDUCE", t0);
-  t0 = Timeline::Clock::now();
-  offset = 0;
-  for (TensorEntry* e : packed) {
-    const int64_t bytes = NumElements(e->shape) * elem;
-    if (bytes > 0) CopyBytes(e->output, buf + offset, bytes);
-    offset += bytes;
-  }
-  Trace("COPY_OUT_FUSION_BUFFER", t0);
-  return Status::OK();
-}
-
 bool CollectiveExecutor::FoldedPostscale(const TensorEntry& first, double* postscale) const {
   if (!IsFloatingPoint(first.dtype) && first.reduce_op == ReduceOp::kAverage) {
     *postscale = 1.0;
@@ -170,108 +112,76 @@ bool CollectiveExecutor::FoldedPostscale(const TensorEntry& first, double* posts
   return true;
 }
 
-Status CollectiveExecutor::AllreduceStaged(const std::vector<TensorEntry>& entries, DataType wire) {
-  const TensorEntry& first = entries[0];
+uint8_t* CollectiveExecutor::FusionBuffer(int64_t bytes) {
+  if (fusion_buffer_.size() < static_cast<size_t>(bytes)) fusion_buffer_.resize(static_cast<size_t>(bytes));
+  return fusion_buffer_.data();
+}
+
+Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
+  const TensorEntry& first = (*entries)[0];
+  for (const smdist::AllreduceStep& step : planner_->PlanAllreduce(*entries, data_plane_)) {
+    std::vector<TensorSpan> spans;
+    for (size_t i : step.members) {
+      const TensorEntry& e = (*entries)[i];
+      const int64_t count = NumElements(e.shape);
+      if (count > 0) spans.push_back({e.input, e.output, count});
+    }
+    if (spans.empty()) continue;
+    if (step.transport == nullptr) {
+      return Status::Unknown("no transport in this build reduces tensors on " + step.device.ToString());
+    }
+    SMDIST_RETURN_IF_ERROR(AllreduceStep(step, first, std::move(spans)));
+  }
+  return Status::OK();
+}
+
+Status CollectiveExecutor::AllreduceStep(const smdist::AllreduceStep& step, const TensorEntry& first,
+                                         std::vector<TensorSpan> spans) {
+  const DataType dtype = first.dtype;
+  const DataType wire = WireDataType(dtype, first.compression);
+  const ReduceOp op = WireOp(first.reduce_op);
   double postscale = 1.0;
   const bool folded = FoldedPostscale(first, &postscale);
-  std::vector<TensorSpan> spans;
-  spans.reserve(entries.size());
-  for (const TensorEntry& e : entries) {
-    const int64_t count = NumElements(e.shape);
-    if (count > 0) spans.push_back({e.input, e.output, count});
+  double prescale = first.prescale;
+  if (step.scale_first) {  // scale a copy: the input belongs to the caller
+    ScaleInto(dtype, spans[0].input, spans[0].output, spans[0].count, prescale);
+    spans[0].input = spans[0].output;
+    prescale = 1.0;
   }
-  const auto t0 = Timeline::Clock::now();
-  SMDIST_RETURN_IF_ERROR(transport_->AllreduceStaged(
-      SpanStaging(spans, first.dtype, wire, first.prescale, postscale), WireOp(first.reduce_op)));
-  if (!folded) {
-    for (const TensorSpan& s : spans) FinishReduction(first.dtype, first.reduce_op, first.postscale, s.output, s.count);
-  }
-  // Which single-host path ran shows in the timeline (the spans are read in place, or staged).
-  Trace("ALLREDUCE", t0, "\"path\":\"shared_memory\"");
-  return Status::OK();
-}
-
-Status CollectiveExecutor::AllreduceCompressed(std::vector<TensorEntry>* entries, DataType wire) {
-  const TensorEntry& first = (*entries)[0];
-  const size_t wire_elem = DataTypeSize(wire);
-  int64_t total = 0;
-  for (const TensorEntry& e : *entries) total += NumElements(e.shape);
-  if (total == 0) return Status::OK();
-  if (fusion_buffer_.size() < static_cast<size_t>(total) * wire_elem) {
-    fusion_buffer_.resize(static_cast<size_t>(total) * wire_elem);
-  }
-  uint8_t* buf = fusion_buffer_.data();
+  // Which transport ran shows in the timeline.
+  const std::string path = timeline_->active() ? "\"path\":\"" + step.transport->name() + "\"" : "";
+  const SpanStaging tensors(spans, dtype, wire, prescale, postscale);
   auto t0 = Timeline::Clock::now();
-  int64_t offset = 0;
-  for (const TensorEntry& e : *entries) {
-    const int64_t count = NumElements(e.shape);
-    NarrowToWire(e.dtype, e.input, wire, buf + offset * wire_elem, count, e.prescale);
-    offset += count;
-  }
-  Trace("COPY_IN_FUSION_BUFFER", t0);
-  t0 = Timeline::Clock::now();
-  const ReduceOp op = WireOp(first.reduce_op);
-  if (transport_->CanAllreduceSpans(total * static_cast<int64_t>(wire_elem), 1)) {
-    SMDIST_RETURN_IF_ERROR(transport_->AllreduceSpans({TensorSpan{buf, buf, total}}, wire, op, 1.0));
+  if (!step.packed) {
+    SMDIST_RETURN_IF_ERROR(step.transport->Allreduce(tensors, op));
+    Trace("ALLREDUCE", t0, path.c_str());
   } else {
-    SMDIST_RETURN_IF_ERROR(transport_->Allreduce(buf, buf, total, wire, op));
+    // Packed in the wire type, converted and scaled on the way in and out.
+    uint8_t* buffer = FusionBuffer(tensors.wire_bytes());
+    tensors.StageIn(0, tensors.count(), buffer);
+    Trace("COPY_IN_FUSION_BUFFER", t0);
+    t0 = Timeline::Clock::now();
+    SMDIST_RETURN_IF_ERROR(
+        step.transport->Allreduce(SpanStaging({{buffer, buffer, tensors.count()}}, wire, wire, 1.0, 1.0), op));
+    Trace("ALLREDUCE", t0, path.c_str());
+    t0 = Timeline::Clock::now();
+    tensors.StageOut(0, tensors.count(), buffer);
+    Trace("COPY_OUT_FUSION_BUFFER", t0);
   }
-  Trace("ALLREDUCE", t0);
-  // Average and postscale are applied while widening, in float32.
-  double scale = first.postscale;
-  if (first.reduce_op == ReduceOp::kAverage) scale /= contributors_;
-  t0 = Timeline::Clock::now();
-  offset = 0;
-  for (TensorEntry& e : *entries) {
-    const int64_t count = NumElements(e.shape);
-    WidenFromWire(wire, buf + offset * wire_elem, e.dtype, e.output, count, scale);
-    offset += count;
+  if (!folded) {  // integer average: divide like TF does, tensor by tensor
+    for (const TensorSpan& s : spans) FinishReduction(dtype, first.reduce_op, first.postscale, s.output, s.count);
   }
-  Trace("COPY_OUT_FUSION_BUFFER", t0);
   return Status::OK();
 }
 
-Status CollectiveExecutor::AllreduceSingle(TensorEntry* e) {
-  const DataType dtype = e->dtype;
-  const size_t elem = DataTypeSize(dtype);
-  const int64_t count = NumElements(e->shape);
-  if (count == 0) return Status::OK();
-  const void* send = e->input;
-  if (e->prescale != 1.0) {  // scale a copy: the input belongs to the caller
-    ScaleInto(dtype, e->input, e->output, count, e->prescale);
-    send = e->output;
-  }
-  if (e->prescale == 1.0 && transport_->CanAllreduceSpans(count * static_cast<int64_t>(elem), 1)) {
-    return AllreduceInPlace({e});
-  }
-  const auto t0 = Timeline::Clock::now();
-  SMDIST_RETURN_IF_ERROR(transport_->Allreduce(send, e->output, count, dtype, WireOp(e->reduce_op)));
-  FinishReduction(dtype, e->reduce_op, e->postscale, e->output, count);
-  Trace("ALLREDUCE", t0);
-  return Status::OK();
-}
-
-Status CollectiveExecutor::AllreduceInPlace(const std::vector<const TensorEntry*>& entries) {
-  // The transport reads every tensor where it lies: no fusion-buffer copies,
-  // and the final scaling happens while each shard is still in cache.
-  const TensorEntry& first = *entries[0];
-  double postscale = 1.0;
-  const bool fold_scaling = FoldedPostscale(first, &postscale);
-  std::vector<TensorSpan> spans;
-  spans.reserve(entries.size());
-  for (const TensorEntry* e : entries) {
-    const int64_t count = NumElements(e->shape);
-    if (count > 0) spans.push_back({e->input, e->output, count});
-  }
-  const auto t0 = Timeline::Clock::now();
-  SMDIST_RETURN_IF_ERROR(transport_->AllreduceSpans(spans, first.dtype, WireOp(first.reduce_op), postscale));
-  if (!fold_scaling) {  // integer average: divide like TF does, tensor by tensor
-    for (const TensorSpan& s : spans) {
-      FinishReduction(first.dtype, first.reduce_op, first.postscale, s.output, s.count);
-    }
-  }
-  Trace("ALLREDUCE", t0, "\"path\":\"cross_memory\"");
-  return Status::OK();
+Status CollectiveExecutor::TransportFor(const TensorEntry& entry, DataTransport** out) const {
+  CollectiveWork work;
+  work.type = entry.type;
+  work.device = entry.device;
+  *out = FirstEnabled(data_plane_, work);
+  if (*out != nullptr) return Status::OK();
+  return Status::Unknown(std::string("no transport in this build runs ") + CollectiveTypeName(entry.type) +
+                         " on " + entry.device.ToString());
 }
 
 Status CollectiveExecutor::Allgather(TensorEntry* e, const std::vector<int64_t>& first_dims) {
@@ -293,25 +203,27 @@ Status CollectiveExecutor::Allgather(TensorEntry* e, const std::vector<int64_t>&
     scratch_.resize(NumElements(out_shape) * DataTypeSize(e->dtype));
     out = scratch_.data();
   }
-  if (rows * row > 0) {
-    return transport_->Allgatherv(e->input, out, counts, e->dtype);
-  }
-  return Status::OK();
+  if (rows * row == 0) return Status::OK();
+  DataTransport* transport = nullptr;
+  SMDIST_RETURN_IF_ERROR(TransportFor(*e, &transport));
+  return transport->Allgatherv(e->input, out, counts, e->dtype);
 }
 
 Status CollectiveExecutor::Broadcast(TensorEntry* e) {
   const int64_t count = NumElements(e->shape);
   const size_t elem = DataTypeSize(e->dtype);
   if (count == 0) return Status::OK();
-  if (transport_->topology().rank == e->root_rank && e->output != e->input) {
+  DataTransport* transport = nullptr;
+  SMDIST_RETURN_IF_ERROR(TransportFor(*e, &transport));
+  if (topology_.rank == e->root_rank && e->output != e->input) {
     CopyBytes(e->output, e->input, count * elem);
   }
-  return transport_->Broadcast(e->output, count, e->dtype, e->root_rank);
+  return transport->Broadcast(e->output, count, e->dtype, e->root_rank);
 }
 
 Status CollectiveExecutor::Alltoall(TensorEntry* e, const std::vector<int64_t>& matrix) {
-  const int size = transport_->topology().size;
-  const int me = transport_->topology().rank;
+  const int size = topology_.size;
+  const int me = topology_.rank;
   const int64_t row = RowElements(e->shape);
   std::vector<int64_t> send_counts(size), recv_counts(size), received(size);
   int64_t rows = 0;
@@ -330,11 +242,13 @@ Status CollectiveExecutor::Alltoall(TensorEntry* e, const std::vector<int64_t>& 
     out = scratch_.data();
   }
   if (e->set_received_splits) e->set_received_splits(received);
-  return transport_->Alltoallv(e->input, send_counts, out, recv_counts, e->dtype);
+  DataTransport* transport = nullptr;
+  SMDIST_RETURN_IF_ERROR(TransportFor(*e, &transport));
+  return transport->Alltoallv(e->input, send_counts, out, recv_counts, e->dtype);
 }
 
 Status CollectiveExecutor::Reducescatter(TensorEntry* e) {
-  const int size = transport_->topology().size;
+  const int size = topology_.size;
   const int64_t row = RowElements(e->shape);
   const size_t elem = DataTypeSize(e->dtype);
   std::vector<int64_t> counts(size);
@@ -350,9 +264,11 @@ Status CollectiveExecutor::Reducescatter(TensorEntry* e) {
     ScaleInto(e->dtype, e->input, scratch_.data(), total, e->prescale);
     send = scratch_.data();
   }
-  const int me = transport_->topology().rank;
+  DataTransport* transport = nullptr;
+  SMDIST_RETURN_IF_ERROR(TransportFor(*e, &transport));
+  const int me = topology_.rank;
   SMDIST_RETURN_IF_ERROR(
-      transport_->ReduceScatter(send, e->output, counts, e->dtype, WireOp(e->reduce_op)));
+      transport->ReduceScatter(send, e->output, counts, e->dtype, WireOp(e->reduce_op)));
   FinishReduction(e->dtype, e->reduce_op, e->postscale, e->output, counts[me]);
   return Status::OK();
 }

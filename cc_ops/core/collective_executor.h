@@ -1,22 +1,28 @@
-// Runs negotiated collectives on this rank's entries through a Transport:
-// packs fused allreduces into one buffer, applies Average and scaling, sizes
-// ragged outputs, and reports each entry's completion. A rank inside join()
-// runs the same calls on neutral buffers (joined_participation.h).
+// Runs negotiated collectives on this rank's entries over the data plane:
+// follows the fusion planner's plan for allreduces (tensors read where they
+// lie, or packed into a fusion buffer), applies Average and scaling, sizes
+// ragged outputs, and reports each entry's completion. Each piece of work
+// runs on the first enabled data-plane transport. A rank inside join() runs
+// the same calls on neutral buffers (joined_participation.h).
 #pragma once
 
 #include <vector>
 
-#include "message.h"
-#include "tensor_entry.h"
-#include "timeline.h"
-#include "transport.h"
+#include "common/tensor_entry.h"
+#include "control/fusion_planner.h"
+#include "control/message.h"
+#include "control/timeline.h"
+#include "transports/data_transport.h"
+#include "transports/topology.h"
 
 namespace smdist {
 
 class CollectiveExecutor {
  public:
-  CollectiveExecutor(Transport* transport, Timeline* timeline)
-      : transport_(transport), timeline_(timeline) {}
+  // `data_plane`: transports in order of preference.
+  CollectiveExecutor(const Topology& topology, std::vector<DataTransport*> data_plane,
+                     const FusionPlanner* planner, Timeline* timeline)
+      : topology_(topology), data_plane_(std::move(data_plane)), planner_(planner), timeline_(timeline) {}
 
   // `entries` are this rank's entries for `response.names`, in that order.
   // Completes every entry (calls done). Returns a transport failure, after
@@ -24,24 +30,18 @@ class CollectiveExecutor {
   Status Execute(const Response& response, std::vector<TensorEntry>* entries);
 
  private:
-  // Tensors at least this big skip the fusion buffer (the MPI and shared-memory
-  // copy paths); smaller ones are packed, as their cost is the call's latency.
-  static constexpr int64_t kUnfusedTensorBytes = 1 << 20;
   Status Allreduce(std::vector<TensorEntry>* entries);
-  // One tensor, reduced from its input into its output.
-  Status AllreduceSingle(TensorEntry* entry);
-  // Fused or single allreduce straight between the ranks' tensors (no fusion buffer).
-  Status AllreduceInPlace(const std::vector<const TensorEntry*>& entries);
-  // Through a transport that stages the tensors itself (shared memory): no
-  // fusion buffer, with conversion to `wire` and scaling folded into the copies.
-  Status AllreduceStaged(const std::vector<TensorEntry>& entries, DataType wire);
-  // Compression.fp16/bf16 without staging: narrow into the fusion buffer,
-  // reduce the wire type, widen into the outputs (scaling folded into both passes).
-  Status AllreduceCompressed(std::vector<TensorEntry>* entries, DataType wire);
+  // One step of the planner's plan over `spans` (the step's non-empty tensors).
+  Status AllreduceStep(const AllreduceStep& step, const TensorEntry& first, std::vector<TensorSpan> spans);
   Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims);
   Status Broadcast(TensorEntry* entry);
   Status Alltoall(TensorEntry* entry, const std::vector<int64_t>& split_matrix);
   Status Reducescatter(TensorEntry* entry);
+
+  // The transport for a non-allreduce collective on `entry`'s device.
+  Status TransportFor(const TensorEntry& entry, DataTransport** out) const;
+  // The host fusion buffer, grown to at least `bytes`.
+  uint8_t* FusionBuffer(int64_t bytes);
 
   // The factor results are multiplied by when scaling is folded into a
   // transport's pass (postscale, and 1/contributors for Average); false for integer
@@ -57,7 +57,9 @@ class CollectiveExecutor {
   // `extra_args`: more JSON members of the event's args (Timeline::Record).
   void Trace(const char* phase, Timeline::Clock::time_point begin, const char* extra_args = nullptr);
 
-  Transport* transport_;
+  Topology topology_;
+  std::vector<DataTransport*> data_plane_;
+  const FusionPlanner* planner_;
   Timeline* timeline_;
   std::vector<std::string> tracing_;  // names of the response being executed
   std::vector<uint8_t> fusion_buffer_;  // reused across cycles

@@ -12,31 +12,30 @@
 #include <unordered_map>
 
 #include "collective_executor.h"
-#include "coordinator.h"
+#include "common/logging.h"
+#include "control/coordinator.h"
+#include "control/fusion_planner.h"
+#include "control/numbered_names.h"
+#include "control/response_cache.h"
 #include "joined_participation.h"
-#include "logging.h"
-#include "mpi_point_to_point.h"
-#include "mpi_transport.h"
-#include "numbered_names.h"
-#include "response_cache.h"
-#include "stale_segments.h"
 
 namespace smdist {
 
 struct Engine::CycleState {
-  CycleState(const Topology& topo, const EngineConfig& config, Transport* transport,
-             Timeline* timeline)
+  CycleState(const Transports& transports, const EngineConfig& config, Timeline* timeline)
       : cache(config.cache_capacity),
-        coordinator(topo.size, config.fusion_threshold_bytes,
+        planner(config.fusion_threshold_bytes),
+        coordinator(transports.topology().size, &planner,
                     StallInspector(config.stall_check_seconds, config.stall_shutdown_seconds),
                     config.cache_capacity > 0 ? &cache : nullptr),
-        executor(transport, timeline) {}
+        executor(transports.topology(), transports.data_plane(), &planner, timeline) {}
 
   struct CachedPending {
     Request request;
     std::chrono::steady_clock::time_point since;
   };
   ResponseCache cache;
+  FusionPlanner planner;  // one for negotiation (both paths) and execution
   Coordinator coordinator;
   CollectiveExecutor executor;
   std::map<int64_t, CachedPending> cached_pending;  // by cache bit
@@ -86,47 +85,37 @@ Status Engine::Init() {
   EngineConfig config;
   SMDIST_RETURN_IF_ERROR(EngineConfig::FromEnvironment(&config));
   SetLogLevel(config.log_level);
-  for (const std::string& path : RemoveStaleSharedMemorySegments()) {
-    LogWarning("removed " + path + ", left behind by a job that was killed");
-  }
-  SMDIST_RETURN_IF_ERROR(EnsureMpiInitialized(&mpi_threads_multiple_));
-  // After MPI_Init: exit() runs handlers in reverse order, so ours runs
-  // while MPI is still usable. on_exit (glibc), unlike atexit, is given the
-  // exit status.
+  SMDIST_RETURN_IF_ERROR(StartCommunicationRuntime(&runtime_threads_multiple_));
+  // After the runtime started: exit() runs handlers in reverse order, so ours
+  // runs while it is still usable. on_exit (glibc), unlike atexit, is given
+  // the exit status.
   static std::once_flag exit_handler;
   std::call_once(exit_handler, [] { on_exit(&OnProcessExit, nullptr); });
   config_ = config;
-  std::unique_ptr<MpiTransport> mpi;
-  SMDIST_RETURN_IF_ERROR(MpiTransport::Create(config_, &mpi));
+  std::unique_ptr<Transports> transports;
+  SMDIST_RETURN_IF_ERROR(Transports::Create(config_, runtime_threads_multiple_, &transports));
   if (!config_.timeline_path.empty()) {
-    // While nothing else holds the transport, so a refused path fails init cleanly.
-    const Topology& topo = mpi->topology();
+    // While nothing else holds the transports, so a refused path fails init cleanly.
+    const Topology& topo = transports->topology();
     SMDIST_RETURN_IF_ERROR(timeline_.Start(TimelinePathOfRank(config_.timeline_path, topo.rank, topo.size),
                                            topo.rank, config_.timeline_mark_cycles));
   }
-  config_.cross_memory_min_bytes = mpi->cross_memory_min_bytes();
-  config_.cross_memory_min_measured = mpi->cross_memory_min_measured();
+  config_.cross_memory_min_bytes = transports->cross_memory_min_bytes();
+  config_.cross_memory_min_measured = transports->cross_memory_min_measured();
   {
     std::lock_guard<std::mutex> arena(arena_mu_);
-    output_arena_ = mpi->output_arena();
+    output_arena_ = transports->output_arena();
   }
   config_.shared_output_bytes = output_arena_ ? output_arena_->capacity() : 0;
-  transport_ = std::move(mpi);
-  if (mpi_threads_multiple_) {
-    // Its own communicator and thread: created here because duplicating
-    // COMM_WORLD is collective and Init runs on every rank.
-    std::unique_ptr<MpiPointToPoint> p2p;
-    SMDIST_RETURN_IF_ERROR(MpiPointToPoint::Create(config_.stall_check_seconds,
-                                                   config_.stall_shutdown_seconds, &p2p));
-    p2p_ = std::move(p2p);
-  }
-  SetLogRank(transport_->topology().rank);
+  transports_ = std::move(transports);
+  p2p_ = transports_->point_to_point();
+  SetLogRank(transports_->topology().rank);
   if (LogEnabled(LogLevel::kInfo)) {
-    const Topology& t = transport_->topology();
+    const Topology& t = transports_->topology();
     LogInfo("engine started: rank " + std::to_string(t.rank) + " of " + std::to_string(t.size) + " on host " +
             config_.hostname + " (local rank " + std::to_string(t.local_rank) + " of " +
             std::to_string(t.local_size) + ", host " + std::to_string(t.cross_rank) + " of " +
-            std::to_string(t.cross_size) + "); intra-host allreduce: " + transport_->intra_host_allreduce() +
+            std::to_string(t.cross_size) + "); intra-host allreduce: " + transports_->intra_host_allreduce() +
             "; fusion threshold " + std::to_string(config_.fusion_threshold_bytes) + " bytes, cycle time " +
             FormatNumber(config_.cycle_time_ms) + " ms, response cache " + std::to_string(config_.cache_capacity));
   }
@@ -140,8 +129,7 @@ Status Engine::Init() {
     exit_failure_.clear();
     failed_peer_ = -1;
   }
-  cycle_state_ = std::make_unique<CycleState>(transport_->topology(), config_, transport_.get(),
-                                              &timeline_);
+  cycle_state_ = std::make_unique<CycleState>(*transports_, config_, &timeline_);
   cycles_over_ = false;
   thread_ = std::thread(&Engine::BackgroundLoop, this);
   initialized_ = true;
@@ -153,7 +141,7 @@ Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
   if (!initialized_) {
     return Status::PreconditionFailed("smdist_tf has not been initialized: call smdist_tf.init() first");
   }
-  const Topology& topo = transport_->topology();
+  const Topology& topo = transports_->topology();
   return timeline_.Start(TimelinePathOfRank(path, topo.rank, topo.size), topo.rank, mark_cycles);
 }
 
@@ -179,28 +167,28 @@ void Engine::ReleaseLocked() {
     std::lock_guard<std::mutex> arena(arena_mu_);
     output_arena_.reset();
   }
-  p2p_.reset();
+  p2p_ = nullptr;
   queue_.reset();
-  transport_.reset();
+  transports_.reset();
 }
 
 void Engine::AtProcessExit(int status) {
   exiting_ = true;
   if (status == 0) {
     Shutdown();
-    FinalizeMpiIfOwned();
+    FinishCommunicationRuntimeIfOwned();
     return;
   }
-  if (!MpiFinalizePending()) return;  // MPI never started here: nothing to wait for
+  if (!CommunicationRuntimeFinishPending()) return;  // never started here: nothing to wait for
   std::string who = "a rank";
   {
     std::unique_lock<std::mutex> lock(lifecycle_mu_, std::try_to_lock);
-    if (lock.owns_lock() && transport_) who = "rank " + std::to_string(transport_->topology().rank);
+    if (lock.owns_lock() && transports_) who = "rank " + std::to_string(transports_->topology().rank);
   }
   if (AnnounceFailure(who + " is exiting with code " + std::to_string(status), kFailureAnnounceSeconds)) {
     std::this_thread::sleep_for(kFailureReportGrace);
   }
-  // MPI_Finalize would wait for every peer, however long they compute.
+  // Finishing the runtime would wait for every peer, however long they compute.
   std::fflush(nullptr);
   _exit(status);
 }
@@ -225,7 +213,27 @@ std::vector<std::string> Engine::cached_names() {
   return cycle_state_ ? cycle_state_->cache.NamesByRecency() : std::vector<std::string>();
 }
 
-bool Engine::owns_mpi() const { return MpiStartedHere(); }
+std::vector<std::string> Engine::DescribeAllreducePlan(const std::vector<int64_t>& counts, DataType dtype,
+                                                       WireCompression compression, double prescale) {
+  std::vector<TensorEntry> entries(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) {
+    entries[i].dtype = dtype;
+    entries[i].shape = {counts[i]};
+    entries[i].compression = compression;
+    entries[i].prescale = prescale;
+  }
+  std::lock_guard<std::mutex> cycle(cycle_mu_);
+  std::vector<std::string> lines;
+  if (!cycle_state_ || entries.empty()) return lines;
+  for (const AllreduceStep& step : cycle_state_->planner.PlanAllreduce(entries, transports_->data_plane())) {
+    std::string line = (step.transport ? step.transport->name() : "none") + (step.packed ? " packed " : " in_place ");
+    for (size_t i = 0; i < step.members.size(); ++i) line += (i ? "," : "") + std::to_string(step.members[i]);
+    lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
+bool Engine::owns_runtime() const { return CommunicationRuntimeStartedHere(); }
 
 int Engine::failed_peer() const {
   std::lock_guard<std::mutex> state(state_mu_);
@@ -234,12 +242,12 @@ int Engine::failed_peer() const {
 
 std::string Engine::intra_host_allreduce() const {
   std::lock_guard<std::mutex> lock(lifecycle_mu_);
-  return transport_ ? transport_->intra_host_allreduce() : std::string();
+  return transports_ ? transports_->intra_host_allreduce() : std::string();
 }
 
 Topology Engine::topology() const {
   std::lock_guard<std::mutex> lock(lifecycle_mu_);
-  return transport_ ? transport_->topology() : Topology();
+  return transports_ ? transports_->topology() : Topology();
 }
 
 std::unique_ptr<SharedOutputBlock> Engine::AllocateSharedOutput(int64_t bytes) {
@@ -273,7 +281,7 @@ Status Engine::Enqueue(std::vector<TensorEntry> entries, bool run_inline) {
     }
     if (!running_) return Status::Aborted(stop_reason_);
     SMDIST_RETURN_IF_ERROR(
-        queue_->Add(std::move(entries), transport_->topology().rank, /*wake=*/!inline_cycle));
+        queue_->Add(std::move(entries), transports_->topology().rank, /*wake=*/!inline_cycle));
   }
   if (!inline_cycle) return Status::OK();
   // Peers not all there yet: the engine thread carries on from here. Woken
@@ -288,8 +296,7 @@ Status Engine::PointToPointReadyLocked() const {
     return Status::PreconditionFailed("smdist_tf has not been initialized: call smdist_tf.init() first");
   }
   if (!p2p_) {
-    return Status::PreconditionFailed(
-        "point-to-point send/recv needs an MPI library with MPI_THREAD_MULTIPLE");
+    return Status::PreconditionFailed(Transports::point_to_point_missing());
   }
   return Status::OK();
 }
@@ -333,8 +340,8 @@ void Engine::BackgroundLoop() {
       const bool woken = queue_->WaitForWork(idle_wait_us);
       if (!woken && !queue_->HasInFlight()) {
         // Still idle. Negotiate now and then (a peer, a shutdown or a stall may
-        // need this rank), but ever less often: each idle round is an MPI call
-        // that takes a core and the MPI library from the training step. Its
+        // need this rank), but ever less often: each idle round is a collective call
+        // that takes a core and the runtime library from the training step. Its
         // own submissions wake this thread at once, so no collective waits.
         idle_wait_us = std::min(idle_cap_us, std::max(cycle_us, 2 * idle_wait_us));
         const uint64_t cycles = cycles_run_.load();
@@ -398,30 +405,31 @@ Status Engine::NegotiateCached(CycleState* state, std::vector<Request>* uncached
   if (!state->coordinator.HasPending()) words[0] |= kCoordinatorIdle;  // only rank 0's can be busy
   if (!state->joined) words[0] |= kNobodyJoined;
   std::vector<uint64_t> mine = words;
-  SMDIST_RETURN_IF_ERROR(transport_->AllreduceBits(&words, /*bitwise_and=*/true));
+  SMDIST_RETURN_IF_ERROR(transports_->control()->AllreduceBits(&words, /*bitwise_and=*/true));
 
   std::vector<int64_t> ready_bits;
   for (const auto& kv : state->cached_pending) {
     if (TestBit(words, kv.first)) ready_bits.push_back(kv.first);  // ascending: same order everywhere
   }
-  std::unordered_map<std::string, std::pair<std::string, int64_t>> fusion_info;
+  std::unordered_map<std::string, int64_t> bit_of;
   for (int64_t bit : ready_bits) {
     cache.Touch(bit);  // in ascending bit order: the same recency on every rank
     Response r = cache.response(bit);
     r.names = {cache.name(bit)};
-    fusion_info[cache.name(bit)] = FusionInfo(cache.params(bit));
+    bit_of[cache.name(bit)] = bit;
     ready->push_back(std::move(r));
     state->cached_pending.erase(bit);
   }
-  FuseAllreduces(ready, config_.fusion_threshold_bytes,
-                 [&fusion_info](const std::string& name) { return fusion_info.at(name); });
+  state->planner.Fuse(ready, [&cache, &bit_of](const std::string& name) -> const Request& {
+    return cache.params(bit_of.at(name));
+  });
   *needs_full = (words[0] & kFastPath) != kFastPath;
   if ((words[0] & kNoStallSuspected) == 0) {
     // Everyone forgets every collective still pending anywhere and sends the
     // ones it holds in full; the same evictions happen on every rank.
     std::vector<uint64_t> any = mine;
     any[0] = 0;
-    SMDIST_RETURN_IF_ERROR(transport_->AllreduceBits(&any, /*bitwise_and=*/false));
+    SMDIST_RETURN_IF_ERROR(transports_->control()->AllreduceBits(&any, /*bitwise_and=*/false));
     for (int64_t bit = 0; bit < cache.capacity(); ++bit) {
       if (!TestBit(any, bit)) continue;
       auto it = state->cached_pending.find(bit);
@@ -454,9 +462,9 @@ Status Engine::NegotiateFull(CycleState* state, std::vector<Request> uncached, R
     mine.failure = exit_failure_;
   }
   std::vector<std::vector<uint8_t>> gathered;
-  SMDIST_RETURN_IF_ERROR(transport_->GatherToRoot(mine.Serialize(), &gathered));
+  SMDIST_RETURN_IF_ERROR(transports_->control()->GatherToRoot(mine.Serialize(), &gathered));
   std::vector<uint8_t> bytes;
-  if (transport_->topology().rank == 0) {
+  if (transports_->topology().rank == 0) {
     for (size_t r = 0; r < gathered.size(); ++r) {
       RequestList list;
       if (!RequestList::Parse(gathered[r].data(), gathered[r].size(), &list)) {
@@ -466,7 +474,7 @@ Status Engine::NegotiateFull(CycleState* state, std::vector<Request> uncached, R
     }
     bytes = state->coordinator.BuildResponses().Serialize();
   }
-  SMDIST_RETURN_IF_ERROR(transport_->BroadcastFromRoot(&bytes));
+  SMDIST_RETURN_IF_ERROR(transports_->control()->BroadcastFromRoot(&bytes));
   if (!ResponseList::Parse(bytes.data(), bytes.size(), out)) {
     return Status::Unknown("malformed response list");
   }
@@ -474,7 +482,7 @@ Status Engine::NegotiateFull(CycleState* state, std::vector<Request> uncached, R
 }
 
 bool Engine::Execute(CycleState* state, const Response& response, bool remember) {
-  const int me = transport_->topology().rank;
+  const int me = transports_->topology().rank;
   const bool joined_here = std::find(response.joined.begin(), response.joined.end(), me) != response.joined.end();
   if (joined_here) {
     for (const std::string& name : response.names) SkipNumberedName(name);
@@ -626,7 +634,7 @@ bool Engine::RunCycle(CycleState* state) {
   }
   if (full.shutdown) {
     if (full.shutdown_error.rfind("stall", 0) == 0) LogError(full.shutdown_error);
-    if (full.failed_rank >= 0 && full.failed_rank != transport_->topology().rank) {
+    if (full.failed_rank >= 0 && full.failed_rank != transports_->topology().rank) {
       std::lock_guard<std::mutex> lock(state_mu_);
       failed_peer_ = full.failed_rank;
     }

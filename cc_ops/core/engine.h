@@ -1,4 +1,4 @@
-// The process-wide collective engine: owns the transport, the queue of
+// The process-wide collective engine: owns the transports, the queue of
 // submitted collectives and the background thread that negotiates and runs
 // them. Framework kernels only call Enqueue(); Python controls the lifetime.
 #pragma once
@@ -10,14 +10,14 @@
 #include <thread>
 #include <vector>
 
-#include "config.h"
-#include "point_to_point.h"
-#include "shared_output_arena.h"
-#include "status.h"
-#include "tensor_entry.h"
-#include "tensor_queue.h"
-#include "timeline.h"
-#include "transport.h"
+#include "common/config.h"
+#include "common/shared_output_arena.h"
+#include "common/status.h"
+#include "common/tensor_entry.h"
+#include "control/tensor_queue.h"
+#include "control/timeline.h"
+#include "transports/point_to_point.h"
+#include "transports/registry.h"
 
 namespace smdist {
 
@@ -33,8 +33,8 @@ class Engine {
   // pending collectives fail. Init() may be called again afterwards.
   Status Shutdown();
   // Called by exit() (after Python's own exit handlers) with the exit status.
-  // Status 0: shut down with every rank and finalize MPI, which waits for the
-  // peers to finish. Otherwise this rank failed: it tells the peers why (so
+  // Status 0: shut down with every rank and finish the communication runtime,
+  // which waits for the peers to finish. Otherwise this rank failed: it tells the peers why (so
   // their collectives fail at once, naming it) and leaves without waiting for
   // them, keeping its status; a launcher then stops the job.
   void AtProcessExit(int status);
@@ -49,10 +49,12 @@ class Engine {
   bool initialized() const { return initialized_.load(); }
   Topology topology() const;
   std::string intra_host_allreduce() const;
-  bool mpi_threads_supported() const { return mpi_threads_multiple_; }
-  // Whether smdist_tf started MPI; otherwise its owner finalizes it, perhaps
-  // before exit() runs AtProcessExit.
-  bool owns_mpi() const;
+  // Whether the communication runtime lets several threads call it at once
+  // (MPI_THREAD_MULTIPLE): point-to-point messages need it.
+  bool runtime_threads_multiple() const { return runtime_threads_multiple_; }
+  // Whether smdist_tf started the communication runtime; otherwise its owner
+  // finishes it, perhaps before exit() runs AtProcessExit.
+  bool owns_runtime() const;
   EngineConfig config() const;
 
   // Chrome-trace timeline of this rank (SMDIST_TIMELINE opens one at init),
@@ -79,12 +81,17 @@ class Engine {
   int64_t shared_output_bytes_in_use() const;
   // The response cache's names, most recently executed first (tests).
   std::vector<std::string> cached_names();
+  // How an allreduce of host tensors of these element counts would run here
+  // now: one "<transport> in_place|packed <member>,..." line per step of the
+  // fusion planner's plan (tests). Empty when not running.
+  std::vector<std::string> DescribeAllreducePlan(const std::vector<int64_t>& counts, DataType dtype,
+                                                 WireCompression compression, double prescale);
 
  private:
   // Why a send/recv cannot be taken now, or OK; state_mu_ held.
   Status PointToPointReadyLocked() const;
   Engine() = default;
-  // Stops the thread and frees the transport; lifecycle_mu_ held.
+  // Stops the thread and frees the transports; lifecycle_mu_ held.
   void ReleaseLocked();
   struct CycleState;
   void BackgroundLoop();
@@ -114,12 +121,12 @@ class Engine {
   // At process exit the framework may be half torn down: pending entries are
   // dropped instead of completed.
   std::atomic<bool> exiting_{false};
-  bool mpi_threads_multiple_ = false;
+  bool runtime_threads_multiple_ = false;
 
   EngineConfig config_;
-  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Transports> transports_;
   std::unique_ptr<TensorQueue> queue_;
-  std::unique_ptr<PointToPointChannel> p2p_;  // null without MPI_THREAD_MULTIPLE
+  PointToPointChannel* p2p_ = nullptr;  // transports_'s; null without runtime_threads_multiple_
   mutable std::mutex arena_mu_;  // output_arena_ vs kernels on TensorFlow's threads
   std::shared_ptr<SharedOutputArena> output_arena_;
   std::thread thread_;

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "reduction.h"
+#include "common/reduction.h"
 
 namespace smdist {
 

@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "message.h"
-#include "tensor_entry.h"
+#include "common/tensor_entry.h"
+#include "control/message.h"
 
 namespace smdist {
 

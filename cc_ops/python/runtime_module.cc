@@ -6,9 +6,9 @@
 
 #include <stdexcept>
 
-#include "../core/build_info.h"
-#include "../core/copy_bytes.h"
-#include "../core/engine.h"
+#include "common/build_info.h"
+#include "common/copy_bytes.h"
+#include "engine.h"
 
 namespace py = pybind11;
 
@@ -44,7 +44,7 @@ PYBIND11_MODULE(_runtime, m) {
     RaiseIfError(smdist::Engine::Instance().Shutdown());
   });
   m.def("failed_peer", [] { return smdist::Engine::Instance().failed_peer(); });
-  m.def("owns_mpi", [] { return smdist::Engine::Instance().owns_mpi(); });
+  m.def("owns_mpi", [] { return smdist::Engine::Instance().owns_runtime(); });
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     RaiseIfError(smdist::Engine::Instance().StartTimeline(path, mark_cycles));
   });
@@ -59,7 +59,7 @@ PYBIND11_MODULE(_runtime, m) {
   m.def("is_homogeneous", [] { return RequireTopology().is_homogeneous; });
   m.def("mpi_threads_supported", [] {
     RequireTopology();
-    return smdist::Engine::Instance().mpi_threads_supported();
+    return smdist::Engine::Instance().runtime_threads_multiple();
   });
   m.def("mpi_built", [] { return smdist::kMpiBuilt; });
   m.def("nccl_built", [] { return smdist::kNcclBuilt; });
@@ -97,6 +97,21 @@ PYBIND11_MODULE(_runtime, m) {
   m.def("_cached_names", [] {
     py::gil_scoped_release release;  // waits for a running cycle
     return smdist::Engine::Instance().cached_names();
+  });
+  m.def("_allreduce_plan", [](const std::vector<int64_t>& counts, const std::string& dtype,
+                              const std::string& compression, double prescale) {
+    // Names as DataTypeName / WireCompressionName spell them ("float32", "none").
+    int32_t data_type = -1, wire = -1;
+    for (int32_t d = 0; d <= static_cast<int32_t>(smdist::DataType::kInt16); ++d) {
+      if (dtype == smdist::DataTypeName(static_cast<smdist::DataType>(d))) data_type = d;
+    }
+    for (int32_t c = 0; c <= static_cast<int32_t>(smdist::WireCompression::kBFloat16); ++c) {
+      if (compression == smdist::WireCompressionName(static_cast<smdist::WireCompression>(c))) wire = c;
+    }
+    if (data_type < 0 || wire < 0) throw py::value_error("unknown dtype or compression: " + dtype + ", " + compression);
+    py::gil_scoped_release release;  // waits for a running cycle
+    return smdist::Engine::Instance().DescribeAllreducePlan(counts, static_cast<smdist::DataType>(data_type),
+                                                            static_cast<smdist::WireCompression>(wire), prescale);
   });
   m.def("_shared_output_bytes_in_use", [] { return smdist::Engine::Instance().shared_output_bytes_in_use(); });
   // The engine's bulk copy, exposed so it can be tested and timed at chosen offsets.

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "../core/coordinator.h"
-#include "../core/engine.h"
-#include "../core/numbered_names.h"
+#include "control/coordinator.h"
+#include "control/numbered_names.h"
+#include "engine.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_engine_bridge.h"

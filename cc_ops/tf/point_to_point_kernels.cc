@@ -2,7 +2,7 @@
 // them to the engine's point-to-point channel. No communication happens here.
 #include <memory>
 
-#include "../core/engine.h"
+#include "engine.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tf_engine_bridge.h"

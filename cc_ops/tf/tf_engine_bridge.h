@@ -3,8 +3,8 @@
 
 #include <vector>
 
-#include "../core/status.h"
-#include "../core/types.h"
+#include "common/status.h"
+#include "common/types.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.h"
 

@@ -3,7 +3,7 @@
 // the job that runs it.
 #include <string>
 
-#include "../core/engine.h"
+#include "engine.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"

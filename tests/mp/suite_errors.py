@@ -318,6 +318,47 @@ class FusionBoundaryTest(tf.test.TestCase):
                 restart_engine(**{k: "" for k in env})
 
 
+class FusionPlanTest(tf.test.TestCase):
+    """The fusion planner's plan for one allreduce, as the live engine would run it: each step
+    goes to the first transport whose Enabled() takes it (cross-memory, shared memory, MPI)."""
+
+    def plan(self, counts, dtype="float32", compression="none", prescale=1.0):
+        from smdist_tf import _native
+
+        lines = _native.load()[0]._allreduce_plan(counts, dtype, compression, prescale)
+        # Every rank plans alike, or the ranks would call different transports.
+        self.assertEqual(sd.allgather_object(lines), [lines] * SIZE)
+        return lines
+
+    def test_each_step_goes_to_the_first_transport_that_takes_it(self):
+        restart_engine(SMDIST_SHM_MIN_BYTES="65536", SMDIST_CROSS_MEMORY_MIN_BYTES="1048576")
+        try:
+            cma = "cross_memory" if sd.engine_config()["intra_host_allreduce"] == "cross_memory_attach" else None
+            self.assertEqual(self.plan([1000]), ["mpi in_place 0"])
+            self.assertEqual(self.plan([1000, 2000, 3000]), ["mpi packed 0,1,2"])  # too small for shared memory
+            self.assertEqual(self.plan([20000] * 4), ["shared_memory in_place 0,1,2,3"])
+            self.assertEqual(self.plan([300000]), [f"{cma or 'shared_memory'} in_place 0"])
+            # Read in place only when nothing is converted or prescaled; staging does both.
+            self.assertEqual(self.plan([300000], prescale=2.0), ["shared_memory in_place 0"])
+            self.assertEqual(self.plan([300000], compression="fp16"), ["shared_memory in_place 0"])
+            self.assertEqual(self.plan([300000], dtype="int32", compression="fp16"), [f"{cma or 'shared_memory'} in_place 0"])
+            with self.assertRaisesRegex(ValueError, "unknown dtype"):
+                self.plan([1], dtype="complex64")
+        finally:
+            restart_engine(SMDIST_SHM_MIN_BYTES="", SMDIST_CROSS_MEMORY_MIN_BYTES="")
+
+    def test_with_mpi_alone_large_tensors_travel_alone_and_the_rest_are_packed(self):
+        restart_engine(SMDIST_CROSS_MEMORY_ATTACH="0", SMDIST_SHM_SEGMENT_BYTES="0")
+        try:
+            self.assertEqual(sd.engine_config()["intra_host_allreduce"], "mpi")
+            self.assertEqual(self.plan([7, 300000, 0, 15, 262144, 1]),
+                             ["mpi in_place 1", "mpi in_place 4", "mpi packed 0,2,3,5"])
+            self.assertEqual(self.plan([300000], prescale=2.0), ["mpi in_place 0"])  # scaled into its output first
+            self.assertEqual(self.plan([300000, 10], compression="fp16"), ["mpi packed 0,1"])  # the buffer holds fp16
+        finally:
+            restart_engine(SMDIST_CROSS_MEMORY_ATTACH="", SMDIST_SHM_SEGMENT_BYTES="")
+
+
 class SharedMemoryPathTest(tf.test.TestCase):
     """Large allreduces take the shared-memory path; force it for every size and chunk boundary."""
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "logging.h"
-#include "status.h"
+#include "common/logging.h"
+#include "common/status.h"
 
 namespace smdist {
 

@@ -1,4 +1,4 @@
-#include "copy_bytes.h"
+#include "common/copy_bytes.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "reduction.h"
+#include "common/reduction.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "copy_bytes.h"
-#include "half.h"
+#include "common/copy_bytes.h"
+#include "common/half.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

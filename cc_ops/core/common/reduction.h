@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "types.h"
+#include "common/types.h"
 
 namespace smdist {
 

@@ -1,4 +1,4 @@
-#include "shared_output_arena.h"
+#include "common/shared_output_arena.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

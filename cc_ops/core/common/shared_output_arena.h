@@ -17,7 +17,7 @@
 #include <memory>
 #include <mutex>
 
-#include "status.h"
+#include "common/status.h"
 
 namespace smdist {
 

@@ -1,10 +1,10 @@
-#include "span_staging.h"
+#include "common/span_staging.h"
 
 #include <algorithm>
 #include <utility>
 
-#include "reduction.h"
-#include "wire_compression.h"
+#include "common/reduction.h"
+#include "common/wire_compression.h"
 
 namespace smdist {
 

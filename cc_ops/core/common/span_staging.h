@@ -8,10 +8,16 @@
 #include <cstdint>
 #include <vector>
 
-#include "transport.h"
-#include "types.h"
+#include "common/types.h"
 
 namespace smdist {
+
+// One tensor of an allreduce, reduced where it lies (input may equal output).
+struct TensorSpan {
+  const void* input;
+  void* output;
+  int64_t count;
+};
 
 class SpanStaging {
  public:
@@ -23,7 +29,13 @@ class SpanStaging {
 
   // Wire elements in all spans together.
   int64_t count() const { return starts_.back(); }
+  int64_t wire_bytes() const { return count() * wire_elem_; }
+  DataType dtype() const { return dtype_; }
   DataType wire() const { return wire_; }
+  double prescale() const { return prescale_; }
+  double postscale() const { return postscale_; }
+  // For transports that read the tensors where they lie (no conversion or prescaling).
+  const std::vector<TensorSpan>& spans() const { return spans_; }
 
   // Writes elements [offset, offset + n) of the concatenated inputs to `dst`
   // as the wire type.

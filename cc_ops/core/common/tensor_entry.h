@@ -5,11 +5,13 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "status.h"
-#include "types.h"
+#include "common/device.h"
+#include "common/status.h"
+#include "common/types.h"
 
 namespace smdist {
 
@@ -18,6 +20,13 @@ struct TensorEntry {
   CollectiveType type = CollectiveType::kAllreduce;
   DataType dtype = DataType::kFloat32;
   std::vector<int64_t> shape;
+  // Where `input` and `output` live; the data plane picks a transport that reaches it.
+  Device device;
+  // Null for host tensors. Otherwise the data is ready only once this event
+  // fires, and `stream` (opaque: the framework's GPU stream) is where results
+  // are expected.
+  std::shared_ptr<ReadyEvent> ready_event;
+  void* stream = nullptr;
   const void* input = nullptr;
   // Preallocated output for ops whose output shape is known up front
   // (allreduce, broadcast, reducescatter). May equal `input`.

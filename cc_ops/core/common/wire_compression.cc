@@ -1,6 +1,6 @@
-#include "wire_compression.h"
+#include "common/wire_compression.h"
 
-#include "half.h"
+#include "common/half.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

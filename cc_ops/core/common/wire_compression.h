@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "types.h"
+#include "common/types.h"
 
 namespace smdist {
 

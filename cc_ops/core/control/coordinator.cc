@@ -1,8 +1,9 @@
-#include "coordinator.h"
+#include "control/coordinator.h"
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
+
+#include "control/fusion_planner.h"
 
 namespace smdist {
 namespace {
@@ -39,20 +40,6 @@ std::vector<int64_t> TrailingDims(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-std::pair<std::string, int64_t> FusionInfo(const Request& r) {
-  const DataType wire = WireDataType(r.dtype, r.compression);
-  // Exact bytes of every field: scale factors that differ only in their last
-  // bit must not share a fusion buffer (and this runs every cycle, so no printf).
-  std::string key(3 + 2 * sizeof(double), '\0');
-  key[0] = static_cast<char>(r.dtype);
-  key[1] = static_cast<char>(wire);
-  key[2] = static_cast<char>(r.reduce_op);
-  std::memcpy(&key[3], &r.prescale, sizeof(double));
-  std::memcpy(&key[3 + sizeof(double)], &r.postscale, sizeof(double));
-  // The threshold bounds the fusion buffer, which holds the wire type.
-  return {key, NumElements(r.shape) * static_cast<int64_t>(DataTypeSize(wire))};
-}
-
 int64_t ReducescatterRows(int64_t dim0, int size, int rank) {
   return dim0 / size + (rank < dim0 % size ? 1 : 0);
 }
@@ -74,6 +61,10 @@ std::string CheckAgreement(const std::string& name, const std::vector<Request>& 
              CollectiveTypeName(r.type);
     }
     if (type == CollectiveType::kBarrier) continue;
+    if (r.device.is_cpu() != first.device.is_cpu()) {
+      // A GPU on one rank and host memory on another share no transport.
+      return mismatch("devices (CPU or GPU)", first.device.ToString(), r.device.ToString());
+    }
     if (r.dtype != first.dtype) return mismatch("dtypes", DataTypeName(first.dtype), DataTypeName(r.dtype));
     if (r.shape.size() != first.shape.size()) {
       return mismatch("ranks (number of dimensions)",
@@ -133,10 +124,10 @@ std::string JoinConflict(const std::string& name, const Request& first, const st
   }
 }
 
-Coordinator::Coordinator(int size, int64_t fusion_threshold_bytes, StallInspector stall_inspector,
+Coordinator::Coordinator(int size, const FusionPlanner* planner, StallInspector stall_inspector,
                          const ResponseCache* cache)
     : size_(size),
-      fusion_threshold_bytes_(fusion_threshold_bytes),
+      planner_(planner),
       stall_inspector_(std::move(stall_inspector)),
       cache_(cache),
       joined_(size, false) {}
@@ -224,34 +215,6 @@ Response Coordinator::ResponseFor(const std::string& name, const Pending& pendin
   return resp;
 }
 
-void FuseAllreduces(std::vector<Response>* responses, int64_t threshold_bytes,
-                    const std::function<std::pair<std::string, int64_t>(const std::string&)>& info) {
-  if (threshold_bytes <= 0) return;
-  std::vector<Response> fused;
-  // Index into `fused` of the open (still growing) response for each key.
-  std::unordered_map<std::string, std::pair<size_t, int64_t>> open;
-  for (Response& r : *responses) {
-    // A response with joined ranks travels alone: its members' parameters
-    // differ from the others' in who takes part.
-    const bool fusable = r.response_type == ResponseType::kCollective &&
-                         r.type == CollectiveType::kAllreduce && r.joined.empty();
-    if (!fusable) {
-      fused.push_back(std::move(r));
-      continue;
-    }
-    const auto key_and_bytes = info(r.names[0]);
-    auto it = open.find(key_and_bytes.first);
-    if (it != open.end() && it->second.second + key_and_bytes.second <= threshold_bytes) {
-      fused[it->second.first].names.push_back(r.names[0]);
-      it->second.second += key_and_bytes.second;
-      continue;
-    }
-    open[key_and_bytes.first] = {fused.size(), key_and_bytes.second};
-    fused.push_back(std::move(r));
-  }
-  *responses = std::move(fused);
-}
-
 ResponseList Coordinator::BuildResponses() {
   ResponseList out;
   out.evictions = std::move(evictions_);
@@ -263,20 +226,21 @@ ResponseList Coordinator::BuildResponses() {
       if (kv.second.count < size_ && CompleteWithJoined(kv.second)) ready_.push_back(kv.first);
     }
   }
-  std::unordered_map<std::string, std::pair<std::string, int64_t>> fusion_info;
+  std::unordered_map<std::string, Request> fusion_params;
   for (const std::string& name : ready_) {
     auto it = table_.find(name);
     Response resp = ResponseFor(name, it->second);
     if (resp.response_type == ResponseType::kCollective &&
         resp.type == CollectiveType::kAllreduce && resp.joined.empty()) {
-      fusion_info[name] = FusionInfo(it->second.by_rank[0]);
+      fusion_params[name] = std::move(it->second.by_rank[0]);
     }
     out.responses.push_back(std::move(resp));
     table_.erase(it);
   }
   ready_.clear();
-  FuseAllreduces(&out.responses, fusion_threshold_bytes_,
-                 [&fusion_info](const std::string& name) { return fusion_info.at(name); });
+  planner_->Fuse(&out.responses, [&fusion_params](const std::string& name) -> const Request& {
+    return fusion_params.at(name);
+  });
   if (joined_count_ == size_) {
     Response join;
     join.type = CollectiveType::kJoin;

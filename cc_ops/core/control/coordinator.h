@@ -10,20 +10,22 @@
 #include <unordered_map>
 #include <vector>
 
-#include <functional>
 #include <set>
 
-#include "message.h"
-#include "response_cache.h"
-#include "stall_inspector.h"
+#include "control/message.h"
+#include "control/response_cache.h"
+#include "control/stall_inspector.h"
 
 namespace smdist {
+
+class FusionPlanner;
 
 class Coordinator {
  public:
   // `cache` (may be null) is rank 0's copy of the response cache, identical
   // to every rank's: a fresh request for a cached name evicts it everywhere.
-  Coordinator(int size, int64_t fusion_threshold_bytes, StallInspector stall_inspector,
+  // `planner` fuses ready allreduces.
+  Coordinator(int size, const FusionPlanner* planner, StallInspector stall_inspector,
               const ResponseCache* cache);
 
   void Add(const RequestList& list, int rank);
@@ -47,7 +49,7 @@ class Coordinator {
   void Unjoin(int rank);
 
   int size_;
-  int64_t fusion_threshold_bytes_;
+  const FusionPlanner* planner_;
   StallInspector stall_inspector_;
   std::unordered_map<std::string, Pending> table_;
   std::vector<std::string> ready_;  // in the order they became ready
@@ -62,15 +64,6 @@ class Coordinator {
   int joined_count_ = 0;
   int last_joined_ = -1;
 };
-
-// Fusion key ("same dtype, op and scaling") and byte size of an allreduce.
-std::pair<std::string, int64_t> FusionInfo(const Request& request);
-
-// Merges allreduce responses with the same fusion key, in order, into
-// responses of at most `threshold_bytes` (a larger tensor travels alone).
-// `info` gives each name's key and size. threshold <= 0 disables fusion.
-void FuseAllreduces(std::vector<Response>* responses, int64_t threshold_bytes,
-                    const std::function<std::pair<std::string, int64_t>(const std::string&)>& info);
 
 // Validates that the ranks that submitted a collective (`submitted`, in rank
 // order) agree on it. Returns "" when they do, otherwise a message naming the

@@ -1,6 +1,6 @@
-#include "message.h"
+#include "control/message.h"
 
-#include "wire_format.h"
+#include "control/wire_format.h"
 
 namespace smdist {
 namespace {
@@ -11,6 +11,7 @@ void PutRequest(const Request& r, WireWriter* w) {
   w->Put<int32_t>(static_cast<int32_t>(r.type));
   w->Put<int32_t>(static_cast<int32_t>(r.dtype));
   w->PutInts(r.shape);
+  w->Put<int32_t>(r.device.id);
   w->Put<int32_t>(r.root_rank);
   w->Put<int32_t>(static_cast<int32_t>(r.reduce_op));
   w->Put<double>(r.prescale);
@@ -28,6 +29,7 @@ Request GetRequest(WireReader* rd) {
   r.type = static_cast<CollectiveType>(rd->Get<int32_t>());
   r.dtype = static_cast<DataType>(rd->Get<int32_t>());
   r.shape = rd->GetInts();
+  r.device.id = rd->Get<int32_t>();
   r.root_rank = rd->Get<int32_t>();
   r.reduce_op = static_cast<ReduceOp>(rd->Get<int32_t>());
   r.prescale = rd->Get<double>();

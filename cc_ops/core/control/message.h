@@ -7,7 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "types.h"
+#include "common/device.h"
+#include "common/types.h"
 
 namespace smdist {
 
@@ -17,6 +18,7 @@ struct Request {
   CollectiveType type = CollectiveType::kAllreduce;
   DataType dtype = DataType::kFloat32;
   std::vector<int64_t> shape;
+  Device device;  // host or GPU: ranks must agree on which, and only same-device tensors fuse
   int32_t root_rank = 0;
   ReduceOp reduce_op = ReduceOp::kSum;
   double prescale = 1.0;

@@ -1,4 +1,4 @@
-#include "numbered_names.h"
+#include "control/numbered_names.h"
 
 #include <cstdint>
 #include <mutex>

@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "message.h"
+#include "control/message.h"
 
 namespace smdist {
 

@@ -1,9 +1,9 @@
-#include "stall_inspector.h"
+#include "control/stall_inspector.h"
 
 #include <algorithm>
 #include <cstdio>
 
-#include "logging.h"
+#include "common/logging.h"
 
 namespace smdist {
 namespace {

@@ -1,4 +1,4 @@
-#include "tensor_queue.h"
+#include "control/tensor_queue.h"
 
 #include <chrono>
 #include <string_view>
@@ -29,6 +29,7 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, int rank, bool wake) {
       r.type = e.type;
       r.dtype = e.dtype;
       r.shape = e.shape;
+      r.device = e.device;
       r.root_rank = e.root_rank;
       r.reduce_op = e.reduce_op;
       r.prescale = e.prescale;

@@ -8,8 +8,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "message.h"
-#include "tensor_entry.h"
+#include "common/tensor_entry.h"
+#include "control/message.h"
 
 namespace smdist {
 

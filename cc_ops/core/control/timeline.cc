@@ -1,4 +1,4 @@
-#include "timeline.h"
+#include "control/timeline.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "logging.h"
+#include "common/logging.h"
 
 namespace smdist {
 namespace {

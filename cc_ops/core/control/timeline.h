@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "status.h"
+#include "common/status.h"
 
 namespace smdist {
 

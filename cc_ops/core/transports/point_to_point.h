@@ -8,8 +8,8 @@
 #include <functional>
 #include <vector>
 
-#include "status.h"
-#include "types.h"
+#include "common/status.h"
+#include "common/types.h"
 
 namespace smdist {
 

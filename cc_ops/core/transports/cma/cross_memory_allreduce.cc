@@ -1,4 +1,4 @@
-#include "cross_memory_allreduce.h"
+#include "transports/cma/cross_memory_allreduce.h"
 
 #include <sys/uio.h>
 #include <unistd.h>
@@ -8,11 +8,11 @@
 #include <cstring>
 #include <string>
 
-#include "copy_bytes.h"
-#include "logging.h"
-#include "mpi_types.h"
-#include "reduction.h"
-#include "shard_range.h"
+#include "common/copy_bytes.h"
+#include "common/logging.h"
+#include "common/reduction.h"
+#include "common/shard_range.h"
+#include "transports/mpi/mpi_types.h"
 
 namespace smdist {
 namespace {
@@ -104,6 +104,13 @@ uint8_t* CrossMemoryAllreduce::MappedPeerAddress(int peer, uint64_t remote, int6
   const uint64_t offset = remote - slot->arena_address;
   if (offset + static_cast<uint64_t>(bytes) > static_cast<uint64_t>(slot->arena_bytes)) return nullptr;
   return peer_arenas_[peer]->data() + offset;
+}
+
+bool CrossMemoryAllreduce::Enabled(const CollectiveWork& work) const {
+  const int64_t tensors = static_cast<int64_t>(work.num_tensors);
+  return work.type == CollectiveType::kAllreduce && work.device.is_cpu() && work.readable_in_place() &&
+         work.wire_bytes > 0 && work.wire_bytes >= min_bytes_ && tensors <= kMaxSpans &&
+         work.wire_bytes >= tensors * kMinMeanSpanBytes;
 }
 
 Status CrossMemoryAllreduce::LocalBarrier() { return window_->Barrier(); }

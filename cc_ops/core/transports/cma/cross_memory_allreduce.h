@@ -16,16 +16,17 @@
 #include <memory>
 #include <vector>
 
-#include "huge_pages.h"
-#include "shared_output_arena.h"
-#include "shared_window.h"
-#include "status.h"
-#include "transport.h"
-#include "types.h"
+#include "common/huge_pages.h"
+#include "common/shared_output_arena.h"
+#include "common/span_staging.h"
+#include "common/status.h"
+#include "common/types.h"
+#include "transports/data_transport.h"
+#include "transports/shm/shared_window.h"
 
 namespace smdist {
 
-class CrossMemoryAllreduce {
+class CrossMemoryAllreduce : public DataTransport {
  public:
   // Most tensors one call can take (bounded by the control window's size).
   static constexpr int64_t kMaxSpans = 4096;
@@ -45,6 +46,15 @@ class CrossMemoryAllreduce {
   CrossMemoryAllreduce() = default;  // use Create()
   CrossMemoryAllreduce(const CrossMemoryAllreduce&) = delete;
   CrossMemoryAllreduce& operator=(const CrossMemoryAllreduce&) = delete;
+
+  std::string name() const override { return "cross_memory"; }
+  // Host allreduces of at least min_bytes whose tensors can be read where they
+  // lie (no conversion or prescaling), not too many and not too small on average.
+  bool Enabled(const CollectiveWork& work) const override;
+  Status Allreduce(const SpanStaging& staging, ReduceOp op) override {
+    return Run(staging.spans(), staging.dtype(), op, staging.postscale());
+  }
+  void set_min_bytes(int64_t min_bytes) { min_bytes_ = min_bytes; }
 
   // Reduces every span's input across the host's ranks into its output, then
   // multiplies by `postscale`. Every rank passes spans of the same counts in
@@ -101,6 +111,7 @@ class CrossMemoryAllreduce {
   std::shared_ptr<SharedOutputArena> arena_;
   std::vector<std::unique_ptr<PeerArenaMapping>> peer_arenas_;  // by local rank; null for this one
   uint64_t probe_ = 0;
+  int64_t min_bytes_ = 0;
 };
 
 }  // namespace smdist

@@ -1,4 +1,4 @@
-#include "path_calibration.h"
+#include "transports/cma/path_calibration.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,8 +6,8 @@
 #include <limits>
 #include <vector>
 
-#include "mpi_types.h"
-#include "span_staging.h"
+#include "common/span_staging.h"
+#include "transports/mpi/mpi_types.h"
 
 namespace smdist {
 namespace {
@@ -27,7 +27,7 @@ Status TimeRuns(MPI_Comm local, bool cross_memory, SharedMemoryAllreduce* shm, C
     if (cross_memory) {
       SMDIST_RETURN_IF_ERROR(cma->Run({TensorSpan{in, out, count}}, DataType::kFloat32, ReduceOp::kSum, 1.0));
     } else {
-      SMDIST_RETURN_IF_ERROR(shm->Run(
+      SMDIST_RETURN_IF_ERROR(shm->Allreduce(
           SpanStaging({TensorSpan{in, out, count}}, DataType::kFloat32, DataType::kFloat32, 1.0, 1.0),
           ReduceOp::kSum));
     }

@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "cross_memory_allreduce.h"
-#include "shared_memory_allreduce.h"
-#include "status.h"
+#include "common/status.h"
+#include "transports/cma/cross_memory_allreduce.h"
+#include "transports/shm/shared_memory_allreduce.h"
 
 namespace smdist {
 

@@ -1,12 +1,12 @@
-#include "mpi_point_to_point.h"
+#include "transports/mpi/mpi_point_to_point.h"
 
 #include <algorithm>
 #include <climits>
 
-#include "copy_bytes.h"
-#include "logging.h"
-#include "mpi_types.h"
-#include "p2p_header.h"
+#include "common/copy_bytes.h"
+#include "common/logging.h"
+#include "transports/mpi/mpi_types.h"
+#include "transports/mpi/p2p_header.h"
 
 namespace smdist {
 namespace {

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "point_to_point.h"
+#include "transports/point_to_point.h"
 
 namespace smdist {
 

@@ -4,8 +4,8 @@
 
 #include <mpi.h>
 
-#include "status.h"
-#include "types.h"
+#include "common/status.h"
+#include "common/types.h"
 
 namespace smdist {
 

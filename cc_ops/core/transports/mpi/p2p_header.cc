@@ -1,4 +1,4 @@
-#include "p2p_header.h"
+#include "transports/mpi/p2p_header.h"
 
 #include <cstring>
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "point_to_point.h"
-#include "status.h"
+#include "common/status.h"
+#include "transports/point_to_point.h"
 
 namespace smdist {
 

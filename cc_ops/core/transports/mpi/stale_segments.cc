@@ -1,4 +1,4 @@
-#include "stale_segments.h"
+#include "transports/mpi/stale_segments.h"
 
 #include <dirent.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "shared_memory_allreduce.h"
+#include "transports/shm/shared_memory_allreduce.h"
 
 #include <sched.h>
 
@@ -6,9 +6,9 @@
 #include <atomic>
 #include <new>
 
-#include "mpi_types.h"
-#include "reduction.h"
-#include "shard_range.h"
+#include "common/reduction.h"
+#include "common/shard_range.h"
+#include "transports/mpi/mpi_types.h"
 
 namespace smdist {
 namespace {
@@ -33,11 +33,12 @@ struct SharedMemoryAllreduce::Header {
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters are shared between processes");
 
-Status SharedMemoryAllreduce::Create(MPI_Comm local, MPI_Comm cross, int64_t segment_bytes,
+Status SharedMemoryAllreduce::Create(MPI_Comm local, MPI_Comm cross, int64_t segment_bytes, int64_t min_bytes,
                                      std::unique_ptr<SharedMemoryAllreduce>* out) {
   auto s = std::make_unique<SharedMemoryAllreduce>();
   s->local_ = local;
   s->cross_ = cross;
+  s->min_bytes_ = min_bytes;
   MPI_Comm_rank(local, &s->local_rank_);
   MPI_Comm_size(local, &s->local_size_);
   // Across hosts each round is also an MPI allreduce: big rounds amortise it.
@@ -82,7 +83,12 @@ void SharedMemoryAllreduce::WaitForPeers(Stage stage, uint64_t round) const {
   }
 }
 
-Status SharedMemoryAllreduce::Run(const SpanStaging& staging, ReduceOp op) {
+bool SharedMemoryAllreduce::Enabled(const CollectiveWork& work) const {
+  return work.type == CollectiveType::kAllreduce && work.device.is_cpu() && work.wire_bytes > 0 &&
+         work.wire_bytes >= min_bytes_;
+}
+
+Status SharedMemoryAllreduce::Allreduce(const SpanStaging& staging, ReduceOp op) {
   const DataType dtype = staging.wire();
   const int64_t count = staging.count();
   const size_t elem = DataTypeSize(dtype);

@@ -16,26 +16,32 @@
 #include <memory>
 #include <vector>
 
-#include "shared_window.h"
-#include "span_staging.h"
-#include "status.h"
-#include "types.h"
+#include "common/span_staging.h"
+#include "common/status.h"
+#include "common/types.h"
+#include "transports/data_transport.h"
+#include "transports/shm/shared_window.h"
 
 namespace smdist {
 
-class SharedMemoryAllreduce {
+class SharedMemoryAllreduce : public DataTransport {
  public:
   // Collective over `local`. `cross` (may be MPI_COMM_NULL) links ranks with
-  // the same local rank on other hosts.
-  static Status Create(MPI_Comm local, MPI_Comm cross, int64_t segment_bytes,
+  // the same local rank on other hosts. Takes allreduces of at least
+  // `min_bytes` on the wire.
+  static Status Create(MPI_Comm local, MPI_Comm cross, int64_t segment_bytes, int64_t min_bytes,
                        std::unique_ptr<SharedMemoryAllreduce>* out);
   SharedMemoryAllreduce() = default;  // use Create()
   SharedMemoryAllreduce(const SharedMemoryAllreduce&) = delete;
   SharedMemoryAllreduce& operator=(const SharedMemoryAllreduce&) = delete;
 
+  std::string name() const override { return "shared_memory"; }
+  // Host allreduces of at least min_bytes: it converts and scales as it
+  // stages, so compressed and prescaled ones too.
+  bool Enabled(const CollectiveWork& work) const override;
   // Reduces `staging`'s elements (its wire type) across the host's ranks and
   // writes the result through it. Every local rank passes the same count.
-  Status Run(const SpanStaging& staging, ReduceOp op);
+  Status Allreduce(const SpanStaging& staging, ReduceOp op) override;
 
   // Bytes staged per rank per round on a single host: rounds that stay in
   // cache, and the next round is staged while peers copy out the last.
@@ -57,7 +63,8 @@ class SharedMemoryAllreduce {
   int64_t round_bytes_ = 0;        // per rank per round
   std::vector<Header*> headers_;   // every local rank's counters, mapped here
   std::vector<uint8_t*> slots_;    // every local rank's two round buffers
-  uint64_t rounds_done_ = 0;       // same on every local rank: Run is collective
+  uint64_t rounds_done_ = 0;       // same on every local rank: Allreduce is collective
+  int64_t min_bytes_ = 0;
 };
 
 }  // namespace smdist

@@ -1,6 +1,6 @@
-#include "shared_window.h"
+#include "transports/shm/shared_window.h"
 
-#include "mpi_types.h"
+#include "transports/mpi/mpi_types.h"
 
 namespace smdist {
 

@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "status.h"
+#include "common/status.h"
 
 namespace smdist {
 

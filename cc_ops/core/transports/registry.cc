@@ -1,0 +1,96 @@
+#include "transports/registry.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "transports/cma/cross_memory_allreduce.h"
+#include "transports/cma/path_calibration.h"
+#include "transports/mpi/mpi_collectives.h"
+#include "transports/mpi/mpi_communicators.h"
+#include "transports/mpi/mpi_control_plane.h"
+#include "transports/mpi/mpi_point_to_point.h"
+#include "transports/mpi/mpi_runtime.h"
+#include "transports/mpi/stale_segments.h"
+#include "transports/shm/shared_memory_allreduce.h"
+
+namespace smdist {
+
+Status StartCommunicationRuntime(bool* threads_multiple) {
+  for (const std::string& path : RemoveStaleSharedMemorySegments()) {
+    LogWarning("removed " + path + ", left behind by a job that was killed");
+  }
+  return EnsureMpiInitialized(threads_multiple);
+}
+
+void FinishCommunicationRuntimeIfOwned() { FinalizeMpiIfOwned(); }
+bool CommunicationRuntimeFinishPending() { return MpiFinalizePending(); }
+bool CommunicationRuntimeStartedHere() { return MpiStartedHere(); }
+
+Status Transports::Create(const EngineConfig& config, bool point_to_point, std::unique_ptr<Transports>* out) {
+  auto t = std::make_unique<Transports>();
+  std::shared_ptr<MpiCommunicators> comms;
+  SMDIST_RETURN_IF_ERROR(MpiCommunicators::Create(config.hostname, &comms));
+  const Topology& topo = comms->topology();
+
+  // Shared-memory path: within one host always; across hosts only when asked
+  // for hierarchical allreduce and every host has the same layout (shards of
+  // the same index must line up across hosts).
+  const bool multi_host = topo.cross_size > 1;
+  const bool hierarchical = multi_host && config.hierarchical_allreduce && topo.is_homogeneous;
+  std::unique_ptr<SharedMemoryAllreduce> shm;
+  if (topo.local_size > 1 && config.shm_segment_bytes > 0 && (!multi_host || hierarchical)) {
+    SMDIST_RETURN_IF_ERROR(SharedMemoryAllreduce::Create(comms->local(), hierarchical ? comms->cross() : MPI_COMM_NULL,
+                                                         config.shm_segment_bytes, config.shm_min_bytes, &shm));
+  }
+  std::unique_ptr<CrossMemoryAllreduce> cma;
+  if (topo.local_size > 1 && !multi_host && config.cross_memory_attach) {
+    SMDIST_RETURN_IF_ERROR(CrossMemoryAllreduce::Create(comms->local(), config.shared_output_bytes, &cma));
+  }
+  if (shm && cma && config.cross_memory_min_bytes < 0) {
+    // Unset: measured on this host. Only single-host jobs get here, so every
+    // rank takes part and all get the same answer.
+    SMDIST_RETURN_IF_ERROR(MeasureCrossMemoryMin(comms->local(), shm.get(), cma.get(), config.shm_min_bytes,
+                                                 &t->cross_memory_min_bytes_, &t->cross_memory_min_measured_));
+  } else {
+    const int64_t wished =
+        config.cross_memory_min_bytes < 0 ? kCrossMemoryMinFallback : config.cross_memory_min_bytes;
+    t->cross_memory_min_bytes_ = shm ? std::max(config.shm_min_bytes, wished) : config.shm_min_bytes;
+  }
+  t->intra_host_allreduce_ = cma ? "cross_memory_attach" : shm ? "shared_memory" : "mpi";
+
+  // Preference: read tensors in place, else stage them through shared memory,
+  // else one MPI call.
+  if (cma) {
+    cma->set_min_bytes(t->cross_memory_min_bytes_);
+    t->output_arena_ = cma->output_arena();
+    t->data_.push_back(std::move(cma));
+  }
+  if (shm) t->data_.push_back(std::move(shm));
+  t->data_.push_back(std::make_unique<MpiCollectives>(comms));
+  t->control_ = std::make_unique<MpiControlPlane>(comms);
+  if (point_to_point) {
+    // Its own communicator and thread: created here because duplicating
+    // COMM_WORLD is collective and this runs on every rank.
+    std::unique_ptr<MpiPointToPoint> p2p;
+    SMDIST_RETURN_IF_ERROR(MpiPointToPoint::Create(config.stall_check_seconds, config.stall_shutdown_seconds, &p2p));
+    t->point_to_point_ = std::move(p2p);
+  }
+  *out = std::move(t);
+  return Status::OK();
+}
+
+Transports::~Transports() {
+  // The shared-memory windows go before the communicators they were made on,
+  // which the control plane holds last.
+  point_to_point_.reset();
+  data_.clear();
+  control_.reset();
+}
+
+std::vector<DataTransport*> Transports::data_plane() const {
+  std::vector<DataTransport*> out;
+  for (const auto& t : data_) out.push_back(t.get());
+  return out;
+}
+
+}  // namespace smdist

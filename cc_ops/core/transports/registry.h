@@ -1,0 +1,70 @@
+// The one place that knows the concrete transports. It starts the runtime
+// they share (MPI), and builds the control plane, the data-plane transports in
+// order of preference (transports/data_transport.h), and the point-to-point
+// channel. The engine sees only the interfaces.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/shared_output_arena.h"
+#include "common/status.h"
+#include "transports/control_plane.h"
+#include "transports/data_transport.h"
+#include "transports/point_to_point.h"
+#include "transports/topology.h"
+
+namespace smdist {
+
+// The process-wide runtime under the transports: started once (later calls
+// only report), finished at process exit, so the engine can stop and start
+// again in one process.
+Status StartCommunicationRuntime(bool* threads_multiple);
+void FinishCommunicationRuntimeIfOwned();
+// Whether smdist_tf started the runtime and it has not been finished yet.
+bool CommunicationRuntimeFinishPending();
+// Whether smdist_tf started the runtime (not, say, mpi4py before it).
+bool CommunicationRuntimeStartedHere();
+
+class Transports {
+ public:
+  // Collective over all processes; the runtime must be started.
+  // `point_to_point`: whether the runtime allows a channel of its own thread.
+  static Status Create(const EngineConfig& config, bool point_to_point, std::unique_ptr<Transports>* out);
+  Transports() = default;  // use Create(); public for std::make_unique
+  ~Transports();
+  Transports(const Transports&) = delete;
+  Transports& operator=(const Transports&) = delete;
+
+  const Topology& topology() const { return control_->topology(); }
+  ControlPlane* control() const { return control_.get(); }
+  // In order of preference: each piece of work runs on the first enabled one.
+  std::vector<DataTransport*> data_plane() const;
+  // Null when the runtime cannot give it a thread of its own; why, then.
+  PointToPointChannel* point_to_point() const { return point_to_point_.get(); }
+  static const char* point_to_point_missing() {
+    return "point-to-point send/recv needs an MPI library with MPI_THREAD_MULTIPLE";
+  }
+  // Memory for allreduce outputs that this host's peers store into, or null.
+  const std::shared_ptr<SharedOutputArena>& output_arena() const { return output_arena_; }
+  // How large allreduces travel between ranks of one host (for introspection).
+  const std::string& intra_host_allreduce() const { return intra_host_allreduce_; }
+  // Single-host allreduces of at least this many bytes read peers' memory
+  // directly; whether that size was measured here (config unset) or given.
+  int64_t cross_memory_min_bytes() const { return cross_memory_min_bytes_; }
+  bool cross_memory_min_measured() const { return cross_memory_min_measured_; }
+
+ private:
+  std::unique_ptr<ControlPlane> control_;
+  std::vector<std::unique_ptr<DataTransport>> data_;
+  std::unique_ptr<PointToPointChannel> point_to_point_;
+  std::shared_ptr<SharedOutputArena> output_arena_;
+  std::string intra_host_allreduce_;
+  int64_t cross_memory_min_bytes_ = 0;
+  bool cross_memory_min_measured_ = false;
+};
+
+}  // namespace smdist
