@@ -45,6 +45,10 @@ setup(
     # TensorFlow is not listed: the build needs the one already installed
     # (tensorflow-cpu or tensorflow), and pip must not swap it underneath.
     install_requires=["numpy"],
-    entry_points={"console_scripts": ["smdistrun=smdist_tf.run.launcher:main"]},
+    entry_points={
+        "console_scripts": ["smdistrun=smdist_tf.run.launcher:main"],
+        # @pytest.mark.distributed (smdist_tf.testing) in every pytest session.
+        "pytest11": ["smdist_tf = smdist_tf.testing.pytest_plugin"],
+    },
     zip_safe=False,
 )

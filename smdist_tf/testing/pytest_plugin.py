@@ -1,0 +1,82 @@
+"""pytest plugin: ``@pytest.mark.distributed(np=2, timeout=120, env=None)`` runs a test function on ``np`` ranks.
+
+Registered with pytest (entry point ``pytest11``) when smdist_tf is installed, or
+load it with ``-p smdist_tf.testing.pytest_plugin``. The marked test runs in one
+``smdistrun`` job of ``np`` ranks, each running pytest on just that test with
+``smdist_tf.init()`` done first; fixtures are set up on every rank. It fails when
+it fails on any rank, naming the rank, and fails instead of hanging when a rank
+does not finish within ``timeout`` seconds (start-up included). Imports nothing
+heavy: pytest loads it in every session.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from smdist_tf.testing import job, rank_results
+
+MARKER = "distributed"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{MARKER}(np=2, timeout=120, env=None): run the test on np ranks under smdistrun "
+                   "(smdist_tf.testing)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    marker = pyfuncitem.get_closest_marker(MARKER)
+    if marker is None or job.on_rank():
+        return None  # pytest calls the function here, as usual
+    np = int(marker.kwargs.get("np", marker.args[0] if marker.args else 2))
+    timeout = float(marker.kwargs.get("timeout", 120.0))
+    env = dict(marker.kwargs.get("env") or {})
+    nodeid = pyfuncitem.nodeid
+    rootdir = str(pyfuncitem.config.rootpath)
+    outcomes, job_error = job.run_on_ranks(_run_item_on_rank, (rootdir, nodeid, timeout), [nodeid], np, timeout,
+                                           env)
+    outcome = outcomes[nodeid]
+    message = rank_results.failure_message(nodeid, outcome, np, timeout, job_error)
+    if message:
+        pytest.fail(message, pytrace=False)
+    if outcome.skipped and not outcome.passed:
+        pytest.skip(next(iter(outcome.skipped.values())))
+    return True
+
+
+class _Recorder:
+    """Rank side: records the test's start and outcome, and re-arms the watchdog when it starts."""
+
+    def __init__(self, results_dir: str, rank: int, timeout: float):
+        self.results_dir, self.rank, self.timeout = results_dir, rank, timeout
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        job.arm_watchdog(self.timeout)
+        rank_results.record(self.results_dir, self.rank, "start", nodeid)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or (report.when == "setup" and not report.passed) or report.failed:
+            if report.skipped:
+                reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                outcome, detail = rank_results.SKIPPED, reason
+            elif report.failed:
+                outcome, detail = rank_results.FAILED, f"({report.when}) {report.longreprtext}"
+            else:
+                outcome, detail = rank_results.PASSED, ""
+            rank_results.record(self.results_dir, self.rank, "end", report.nodeid, outcome, detail)
+
+
+def _run_item_on_rank(results_dir: str, rootdir: str, nodeid: str, timeout: float) -> None:
+    """One rank: start the engine and run pytest on the one test, recording it."""
+    import smdist_tf as sd  # noqa: PLC0415
+
+    job.arm_watchdog(timeout)  # start-up: init() and pytest's collection
+    sd.init()
+    os.chdir(rootdir)
+    pytest.main([nodeid, "-q", "-p", "no:cacheprovider", f"--rootdir={rootdir}"],
+                plugins=[_Recorder(results_dir, sd.rank(), timeout)])
+    job.disarm_watchdog()

@@ -1,0 +1,28 @@
+"""pytest functions marked to run on several ranks (run by tests/test_testing_kit.py)."""
+
+import pytest
+import tensorflow as tf
+
+import smdist_tf as sd
+
+
+@pytest.mark.distributed(np=2)
+def test_allreduce_sum():
+    assert sd.size() == 2
+    out = sd.allreduce(tf.constant([float(sd.rank() + 1)]), op=sd.Sum, name="kit.marker.sum")
+    assert out.numpy().tolist() == [3.0]
+
+
+@pytest.mark.distributed(np=4, env={"KIT_FLAG": "on"})
+@pytest.mark.parametrize("root", [0, 3])
+def test_broadcast_parametrized(root):
+    import os
+
+    assert os.environ["KIT_FLAG"] == "on"
+    out = sd.broadcast(tf.constant([float(sd.rank())]), root_rank=root, name=f"kit.marker.bcast.{root}")
+    assert out.numpy().tolist() == [float(root)]
+
+
+@pytest.mark.distributed(np=2)
+def test_fails_on_rank_one(tmp_path):
+    assert sd.rank() == 0, f"rank {sd.rank()} was not meant to get here"
