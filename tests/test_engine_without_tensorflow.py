@@ -1,0 +1,43 @@
+"""The engine and its Python binding work without TensorFlow: the GPU test machine has none.
+
+Collectives on NumPy buffers through the runtime module, at 2 and 4 ranks, with
+TensorFlow made impossible to import; and a build made by
+``cc_ops/build.py --without-tensorflow`` (engine and bindings only) doing the same.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.mpi_harness import ROOT, mpi_env, run_under_mpi
+
+SCRIPT = "tests/mp/engine_buffers.py"
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_buffer_collectives_without_tensorflow(np):
+    code, out = run_under_mpi(np, [SCRIPT], timeout=240)
+    assert code == 0, out[-8000:]
+    for rank in range(np):
+        assert f"ENGINE-BUFFERS OK {rank}" in out, out[-8000:]
+
+
+def test_a_build_without_tensorflow_runs_the_engine():
+    with tempfile.TemporaryDirectory(prefix="smdist_no_tf_") as out_dir:
+        built = subprocess.run([sys.executable, str(ROOT / "cc_ops" / "build.py"), "--without-tensorflow",
+                                "--out-dir", out_dir], cwd=ROOT, env=mpi_env(), capture_output=True, text=True,
+                               timeout=900)
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
+        assert "TensorFlow (none: engine and bindings only)" in built.stdout
+        libraries = sorted(p.name for p in Path(out_dir).glob("*.so"))
+        assert "libsmdist_core.so" in libraries and "smdist_tf_ops.so" not in libraries, libraries
+        assert any(name.startswith("_runtime.") for name in libraries), libraries
+        code, out = run_under_mpi(2, [SCRIPT, out_dir], timeout=240)
+        assert code == 0, out[-8000:]
+        for rank in range(2):
+            assert f"ENGINE-BUFFERS OK {rank}" in out, out[-8000:]
