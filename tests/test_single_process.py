@@ -134,6 +134,25 @@ class SizeOneTest(tf.test.TestCase):
         self.assertEqual(len(sd.grouped_allreduce([x, x])), 2)
         sd.barrier()
 
+    def test_allreduce_without_scaling_or_compression_skips_the_engine(self):
+        from smdist_tf import _native
+
+        runtime = _native.load()[0]
+        ints = tf.constant([[7, -3], [0, 5]], tf.int32)
+        halves = tf.constant([0.1, 1e-4, 3.0], tf.float16)
+        for op in (sd.Average, sd.Sum, sd.Min, sd.Max, sd.Product):
+            for x in (ints, halves):
+                self.assertAllEqual(sd.allreduce(x, op=op, name=f"one.{op}.{x.dtype.name}"), x)
+        grouped = tf.function(lambda a, b: sd.grouped_allreduce([a, b], name="one.grouped"))(ints, halves)
+        self.assertAllEqual(grouped[0], ints)
+        self.assertAllEqual(grouped[1], halves)
+        self.assertFalse([n for n in runtime._cached_names() if n.startswith("one.")])  # the engine never saw them
+        # Scaling and compression still run in the engine, with its numerics.
+        self.assertAllEqual(sd.allreduce(ints, op=sd.Sum, prescale_factor=2.0, name="two.scaled"), ints * 2)
+        x = tf.constant([1.0 + 2.0 ** -12], tf.float32)  # not a float16 value
+        self.assertAllEqual(sd.allreduce(x, compression=sd.Compression.fp16, name="two.fp16"), [1.0])
+        self.assertIn("two.scaled", runtime._cached_names())
+
     def test_distributed_gradient_tape_size_one(self):
         v = tf.Variable(3.0)
         with tf.GradientTape() as tape:
