@@ -19,16 +19,64 @@ module patches ``keras.Model``. Each reach, and the Keras 3.15 behaviour it reli
   ``None``. When the data runs out before that, Keras warns and ends the epoch early
   on that rank alone.
 
-tests/test_compat.py checks each of these against the installed Keras, so an upgrade
-that moves one fails there, loudly, rather than hanging a job.
+The other reaches, by the module that makes them:
+
+* SyncBatchNormalization, object collectives: below, with the functions that make them.
+* DataParallelStrategy (smdist_tf/distribute/) extends ``tf.distribute``'s mirrored
+  strategy with one replica per process: the internal names in ``_INTERNALS`` below
+  (``MirroredExtended`` and the values, input and regrouping helpers it works with),
+  and it overrides ``MirroredExtended._create_variable`` and
+  ``MirroredExtended._get_variable_creator_initial_value`` and calls
+  ``DistributedVariable._get_replica``.
+* PipelineModel (smdist_tf/pipeline/) streams ``.weights.h5`` checkpoints through Keras'
+  saving internals (``H5IOStore``, ``save_state`` below; ``H5IOStore._h5_entry_group``),
+  keeps a stage's variables deferred (``keras.Variable._value``, ``._initializer``,
+  ``._dtype``, ``._deferred_initialize()``, ``._initialize()``, and Keras' global
+  ``uninitialized_variables`` list), and walks functional graphs
+  (``Functional._nodes_by_depth``, ``Layer._flatten_layers()``, ``Layer._get_own_losses()``).
+* ``smdist_tf.keras.callbacks.ModelCheckpoint`` (smdist_tf/keras/callbacks.py) overrides
+  ``keras.callbacks.ModelCheckpoint._save_model``.
+
+tests/test_compat.py checks each of these against the installed TensorFlow and Keras,
+and that no other module reaches into ``keras.src`` or ``tensorflow.python``, so an
+upgrade that moves one fails there, loudly, rather than hanging a job.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import weakref
 from typing import Any, Callable, Optional
+
+# Internal names other modules take from here, as ``_compat.<name>``: resolved on first use
+# (PEP 562), so importing this module imports neither TensorFlow nor Keras.
+_INTERNALS = {
+    "DistributedValues": ("tensorflow.python.distribute.values", "DistributedValues"),
+    "DistributedVariable": ("tensorflow.python.distribute.values", "DistributedVariable"),
+    "Mirrored": ("tensorflow.python.distribute.values", "Mirrored"),
+    "regroup": ("tensorflow.python.distribute.distribute_utils", "regroup"),
+    "get_distributed_dataset": ("tensorflow.python.distribute.input_util", "get_distributed_dataset"),
+    "get_distributed_datasets_from_function": ("tensorflow.python.distribute.input_util",
+                                               "get_distributed_datasets_from_function"),
+    "MirroredExtended": ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended"),
+    "CheckpointInitialValue": ("tensorflow.python.trackable.base", "CheckpointInitialValue"),
+    "H5IOStore": ("keras.src.saving.saving_lib", "H5IOStore"),
+    "save_state": ("keras.src.saving.saving_lib", "_save_state"),
+    "get_global_attribute": ("keras.src.backend.common.global_state", "get_global_attribute"),
+    "set_global_attribute": ("keras.src.backend.common.global_state", "set_global_attribute"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = _INTERNALS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # once resolved, a plain module attribute
+    return value
 
 # Which loops (``"fit"``, ``"evaluate"``) are running per model, innermost last, with
 # the state ``prepare_fit`` returned; weak, so models can be freed.

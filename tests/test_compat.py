@@ -7,6 +7,7 @@ letting uneven data hang a multi-rank job.
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
 import warnings
@@ -212,3 +213,43 @@ def test_eager_scope_executes_eagerly_inside_graphs():
 
     traced()
     assert seen == [5]
+
+
+class InternalReachesTest(tf.test.TestCase):
+    """The strategy's, the pipeline's and the callbacks' reaches that _compat.py lists, against the installed versions."""
+
+    def test_every_internal_name_resolves(self):
+        for name in _compat._INTERNALS:
+            self.assertTrue(callable(getattr(_compat, name)), name)
+        self.assertTrue(issubclass(_compat.MirroredExtended, tf.distribute.StrategyExtended))
+        self.assertTrue(issubclass(_compat.Mirrored, _compat.DistributedValues))
+        with self.assertRaises(AttributeError):
+            _compat.NotAnInternal  # noqa: B018
+
+    def test_overridden_and_called_private_methods_exist_with_the_arguments_used(self):
+        def params(fn):
+            return list(inspect.signature(fn).parameters)
+
+        self.assertEqual(params(_compat.MirroredExtended._create_variable)[:2], ["self", "next_creator"])
+        self.assertIn("replica_id", params(_compat.MirroredExtended._get_variable_creator_initial_value))
+        self.assertTrue(callable(_compat.DistributedVariable._get_replica))
+        self.assertEqual(params(keras.callbacks.ModelCheckpoint._save_model), ["self", "epoch", "batch", "logs"])
+        self.assertIn("inner_path", params(_compat.save_state))
+        for name in ("_deferred_initialize", "_initialize"):
+            self.assertTrue(callable(getattr(keras.Variable, name)), name)
+        v = keras.Variable(1.0)
+        for name in ("_value", "_initializer", "_dtype"):
+            self.assertTrue(hasattr(v, name), name)
+        inputs = keras.Input((2,))
+        functional = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+        self.assertTrue(functional._nodes_by_depth)
+        for name in ("_flatten_layers", "_get_own_losses"):
+            self.assertTrue(callable(getattr(keras.layers.Layer, name)), name)
+        self.assertIsInstance(_compat.get_global_attribute("uninitialized_variables", []), list)
+
+    def test_no_other_module_imports_keras_or_tensorflow_internals(self):
+        importing = re.compile(r"^\s*(from|import)\s+(keras\.src|tensorflow\.python)\b", re.M)
+        for path in sorted((ROOT / "smdist_tf").rglob("*.py")):
+            if path.name == "_compat.py":
+                continue
+            self.assertIsNone(importing.search(path.read_text()), f"{path} reaches into internals itself")

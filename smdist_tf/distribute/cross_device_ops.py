@@ -5,10 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
-from tensorflow.python.distribute import distribute_utils
-from tensorflow.python.distribute import values as values_lib
 
+from smdist_tf import _compat
 from smdist_tf.collectives import allgather, grouped_allreduce
 from smdist_tf.compression import Compression, Compressor
 from smdist_tf.reduce_ops import Average, Sum
@@ -27,7 +25,7 @@ def _engine_op(reduce_op: Any) -> int:
 
 def local_value(value: Any) -> Any:
     """This process's component of a (one-replica) distributed value, or the value itself."""
-    if isinstance(value, values_lib.DistributedValues):
+    if isinstance(value, _compat.DistributedValues):
         (component,) = value.values
         return component
     return value
@@ -84,10 +82,10 @@ def gather_tensor(value: tf.Tensor, axis: int) -> tf.Tensor:
 
 
 def _as_mirrored(tensor: Any) -> Any:
-    return distribute_utils.regroup((tensor,), wrap_class=values_lib.Mirrored)
+    return _compat.regroup((tensor,), wrap_class=_compat.Mirrored)
 
 
-class SmdistCrossDeviceOps(cross_device_ops_lib.CrossDeviceOps):
+class SmdistCrossDeviceOps(tf.distribute.CrossDeviceOps):
     """A ``tf.distribute.CrossDeviceOps`` for one replica per process, talking to other processes.
 
     Every reduction of a step (all gradients) becomes one ``grouped_allreduce``

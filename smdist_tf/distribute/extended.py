@@ -10,13 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_lib
-from tensorflow.python.distribute import distribute_utils
-from tensorflow.python.distribute import input_util
-from tensorflow.python.distribute import mirrored_strategy
-from tensorflow.python.distribute import values as values_lib
-from tensorflow.python.trackable import base as trackable_base
 
+from smdist_tf import _compat
 from smdist_tf.collectives import broadcast
 from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps, gather_tensor, local_value, reduce_flat
 from smdist_tf.runtime import local_rank, rank, size
@@ -32,7 +27,7 @@ def local_device() -> str:
     return "/job:localhost/replica:0/task:0/device:CPU:0"
 
 
-class DataParallelExtended(mirrored_strategy.MirroredExtended):
+class DataParallelExtended(_compat.MirroredExtended):
     """StrategyExtended for ``DataParallelStrategy`` (see there)."""
 
     def __init__(self, container_strategy: Any, cross_device_ops: SmdistCrossDeviceOps) -> None:
@@ -91,7 +86,7 @@ class DataParallelExtended(mirrored_strategy.MirroredExtended):
 
         def from_rank_zero():
             value = initial_value() if callable(initial_value) else initial_value
-            if isinstance(value, trackable_base.CheckpointInitialValue):
+            if isinstance(value, _compat.CheckpointInitialValue):
                 value = value.wrapped_value
             value = tf.convert_to_tensor(value, dtype=dtype)
             if size() == 1 or value.dtype not in _BROADCASTABLE:
@@ -107,9 +102,9 @@ class DataParallelExtended(mirrored_strategy.MirroredExtended):
         return tf.distribute.InputContext(num_input_pipelines=size(), input_pipeline_id=rank(), num_replicas_in_sync=size())
 
     def _experimental_distribute_dataset(self, dataset: tf.data.Dataset, options: Any) -> Any:
-        if options and options.experimental_replication_mode == distribute_lib.InputReplicationMode.PER_REPLICA:
+        if options and options.experimental_replication_mode == tf.distribute.InputReplicationMode.PER_REPLICA:
             raise NotImplementedError("InputReplicationMode.PER_REPLICA needs distribute_datasets_from_function")
-        return input_util.get_distributed_dataset(
+        return _compat.get_distributed_dataset(
             dataset,
             self._input_workers_with_options(options),
             self._container_strategy(),
@@ -119,7 +114,7 @@ class DataParallelExtended(mirrored_strategy.MirroredExtended):
         )
 
     def _distribute_datasets_from_function(self, dataset_fn: Any, options: Any) -> Any:
-        return input_util.get_distributed_datasets_from_function(
+        return _compat.get_distributed_datasets_from_function(
             dataset_fn=dataset_fn,
             input_workers=self._input_workers_with_options(options),
             input_contexts=[self._input_context()],
@@ -128,13 +123,13 @@ class DataParallelExtended(mirrored_strategy.MirroredExtended):
         )
 
     def _experimental_distribute_values_from_function(self, value_fn: Any) -> Any:
-        context = distribute_lib.ValueContext(replica_id_in_sync_group=rank(), num_replicas_in_sync=size())
-        return distribute_utils.regroup((value_fn(context),))
+        context = tf.distribute.experimental.ValueContext(replica_id_in_sync_group=rank(), num_replicas_in_sync=size())
+        return _compat.regroup((value_fn(context),))
 
     # --- communication --------------------------------------------------------------------------
     def _reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any) -> Any:
         flat = tf.nest.flatten(value, expand_composites=False)
-        if all(isinstance(v, values_lib.Mirrored) for v in flat) and reduce_op == tf.distribute.ReduceOp.MEAN:
+        if all(isinstance(v, _compat.Mirrored) for v in flat) and reduce_op == tf.distribute.ReduceOp.MEAN:
             return value  # already identical everywhere
         # Plain tensors count as this rank's replica value (graph tensors captured
         # outside strategy.run come with empty destinations, which TF's checks reject).
@@ -153,7 +148,7 @@ class DataParallelExtended(mirrored_strategy.MirroredExtended):
         return self._cross_device_ops._all_reduce(reduce_op, value, 0, options)
 
     def _replica_ctx_update(self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool) -> Any:
-        if isinstance(var, values_lib.DistributedVariable):
+        if isinstance(var, _compat.DistributedVariable):
             var = var._get_replica(0)  # pylint: disable=protected-access
         with tf.device(var.device):
             return fn(var, *args, **kwargs)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_lib
-from tensorflow.python.distribute import values as values_lib
 
+from smdist_tf import _compat
 from smdist_tf.compression import Compression, Compressor
 from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps
 from smdist_tf.distribute.extended import DataParallelExtended
@@ -17,7 +16,7 @@ from smdist_tf.runtime import init, is_initialized, rank
 
 def _is_scalar_value(value: Any) -> bool:
     def scalar(v: Any) -> bool:
-        v = v.values[0] if isinstance(v, values_lib.DistributedValues) else v
+        v = v.values[0] if isinstance(v, _compat.DistributedValues) else v
         shape = getattr(v, "shape", None)
         return shape is not None and shape.rank == 0
 
@@ -48,7 +47,7 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     def __init__(self, compression: type[Compressor] = Compression.none, progress_on_rank_zero_only: bool = True) -> None:
         if not is_initialized():
             init()
-        distribute_lib.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression)))
+        tf.distribute.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression)))
         import keras  # only needed from here on
 
         from smdist_tf.keras.loss_scale import install_finite_agreement

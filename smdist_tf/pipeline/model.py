@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 import smdist_tf as sd
+from smdist_tf import _compat
 from smdist_tf.pipeline import partition as partition_lib
 from smdist_tf.pipeline import schedule as schedule_lib
 from smdist_tf.pipeline import topology as topology_lib
@@ -584,11 +585,10 @@ class PipelineModel(keras.Model):
                     if self._holders(v)[0] == me:
                         send([to_bytes(tf.convert_to_tensor(v))], 0, TAG_CHECKPOINT)
         else:
-            from keras.src.saving.saving_lib import H5IOStore
 
             store = None
             try:
-                store = H5IOStore(path, mode="w")
+                store = _compat.H5IOStore(path, mode="w")
             except Exception as e:  # noqa: BLE001 - reported to every rank below
                 error = e
             for entry in layout:
@@ -631,10 +631,9 @@ class PipelineModel(keras.Model):
         path = self._check_h5(filepath)
         if skip_mismatch or kwargs:
             raise ValueError("PipelineModel.load_weights does not support skip_mismatch or other options")
-        from keras.src.saving.saving_lib import H5IOStore
 
         layout = weights_lib.checkpoint_layout(self.unpartitioned)
-        store = H5IOStore(path, mode="r")
+        store = _compat.H5IOStore(path, mode="r")
         try:
             for entry in layout:
                 store.get(entry.path)

@@ -14,8 +14,8 @@ rank. :func:`checkpoint_layout` replays Keras' saving traversal with a recording
 to learn where each variable lives in a ``.weights.h5`` file; saving then streams the
 values to rank 0 one at a time, and loading reads only this rank's datasets. The file
 is byte-for-byte the layout Keras writes (any stage count, or plain Keras, loads it).
-This uses ``keras.src.saving.saving_lib`` internals (pinned Keras 3.15; the checkpoint
-tests exercise them).
+This uses Keras' saving internals, through smdist_tf/_compat.py (pinned Keras 3.15; the
+checkpoint tests exercise them).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any, Callable, Optional
 
 import keras
 import tensorflow as tf
-from keras.src.backend.common import global_state
-from keras.src.saving import saving_lib
+
+from smdist_tf import _compat
 
 
 class NotHeld(keras.initializers.Initializer):
@@ -72,10 +72,10 @@ def claim_deferred(variables: list) -> None:
     closes, and ``fit`` opens one to trace the model for shapes: that would quietly
     materialise every stage's weights on every rank.
     """
-    pending = global_state.get_global_attribute("uninitialized_variables")
+    pending = _compat.get_global_attribute("uninitialized_variables")
     if pending:
         ours = {id(v) for v in variables}
-        global_state.set_global_attribute("uninitialized_variables", [v for v in pending if id(v) not in ours])
+        _compat.set_global_attribute("uninitialized_variables", [v for v in pending if id(v) not in ours])
 
 
 def is_held(variable: Any) -> bool:
@@ -117,7 +117,7 @@ class Entry:
     items: list  # (key, variable)
 
 
-class _RecordingStore(saving_lib.H5IOStore):
+class _RecordingStore(_compat.H5IOStore):
     """Records what Keras' saving traversal would write, without a file."""
 
     def __init__(self):  # noqa: D107 - deliberately skips opening a file
@@ -147,7 +147,7 @@ def checkpoint_layout(model: keras.Model) -> list[Entry]:
     """
     store = _RecordingStore()
     try:
-        saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
+        _compat.save_state(model, weights_store=store, assets_store=None, inner_path="",
                                visited_saveables=set())
     except RuntimeError as e:
         if "does not hold it" not in str(e):
