@@ -175,3 +175,42 @@ def test_soak_short_run_samples_and_summarises() -> None:
     assert {"rss_mib", "fds", "threads", "shm_files", "shm_mib"} <= set(samples[0])
     assert summary["np"] == 2 and summary["calls"] > 0
     assert {"rss_mib_growth", "rss_mib_growth_second_half", "fds_growth", "shm_files_growth"} <= set(summary)
+
+
+def test_scaling_quick_run_measures_ceiling_and_every_smdist_path() -> None:
+    """benchmarks/scaling.py --quick: the ceiling and the three smdist_tf paths each give a line, and a summary.
+
+    Shape only, never performance: the ratios are reported, not judged.
+    """
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("OMPI_COMM_WORLD_SIZE", None)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--quick", "--timeout", "240"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"scaling benchmark timed out\n{out[-5000:]}\n{err[-5000:]}")
+    records = [json.loads(line) for line in out.splitlines() if line.strip()]  # every stdout line is JSON
+    summary = records[-1]
+    assert summary.get("summary") is True, out[-5000:]
+    measured = {r["system"]: r for r in records[:-1] if "samples_per_sec" in r}
+    smdist_paths = ["smdist_tape", "smdist_fit_optimizer", "smdist_fit_strategy"]
+    for system in ["ceiling", *smdist_paths]:
+        assert system in measured, (system, out[-5000:], err[-3000:])
+        r = measured[system]
+        assert r["model"] == "mlp" and r["np"] == 2 and r["repeat"] == 0
+        assert r["samples_per_sec"] > 0 and r["step_ms"] > 0
+    case = summary["results"]["mlp@np2"]
+    for system in smdist_paths:
+        assert measured[system]["ratio_to_ceiling"] > 0
+        assert case["median_ratio_to_ceiling"][system] > 0
+    tape = measured["smdist_tape"]
+    assert tape["grad_bytes"] > 0 and tape["wire_ms"] > 0 and tape["compute_ms"] > 0 and "overhead_ms" in tape
+    assert summary["every_smdist_path_ge_0.90_of_ceiling_at_np2"] in (True, False)
+    # Peers appear as a measurement, an error line or a skip note; none of it fails the test.
+    for peer in ["horovod_tape", "mwms"]:
+        assert any(r.get("system") == peer for r in records[:-1]), peer
