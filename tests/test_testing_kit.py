@@ -52,6 +52,8 @@ class DistributedTestCaseTest(tf.test.TestCase):
         self.assertIn("test_a_hang failed:", out)
         self.assertRegex(out, r"did not finish on rank\(s\) [0-9, ]*1[0-9, ]* of 2 within 8 s")
         self.assertRegex(out, r"test_b_after_the_hang failed:\s+E?\s*never ran on rank\(s\) 0, 1 of 2")
+        # A start-up that outlasts startup_timeout ends the job before any test.
+        self.assertRegex(out, r"test_never_reached failed:\s+E?\s*never ran on rank\(s\) 0(, 1)? of 2: smdist_tf.run: rank 0")
         # The wrapper's and unittest's own frames are left out of the ranks' tracebacks.
         message = out[out.index("test_assertion_on_rank_one failed:"):out.index("only rank 0 gets here")]
         self.assertNotIn("unittest", message)

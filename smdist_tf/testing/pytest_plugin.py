@@ -5,7 +5,8 @@ load it with ``-p smdist_tf.testing.pytest_plugin``. The marked test runs in one
 ``smdistrun`` job of ``np`` ranks, each running pytest on just that test with
 ``smdist_tf.init()`` done first; fixtures are set up on every rank. It fails when
 it fails on any rank, naming the rank, and fails instead of hanging when a rank
-does not finish within ``timeout`` seconds (start-up included). Imports nothing
+does not finish within ``timeout`` seconds (start-up, ``init()`` and pytest's own
+collection on the rank, within ``startup_timeout``, default 120 s). Imports nothing
 heavy: pytest loads it in every session.
 """
 
@@ -23,7 +24,7 @@ MARKER = "distributed"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{MARKER}(np=2, timeout=120, env=None): run the test on np ranks under smdistrun "
+        "markers", f"{MARKER}(np=2, timeout=120, env=None, startup_timeout=120): run the test on np ranks under smdistrun "
                    "(smdist_tf.testing)")
 
 
@@ -34,11 +35,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None  # pytest calls the function here, as usual
     np = int(marker.kwargs.get("np", marker.args[0] if marker.args else 2))
     timeout = float(marker.kwargs.get("timeout", 120.0))
+    startup_timeout = float(marker.kwargs.get("startup_timeout", 120.0))
     env = dict(marker.kwargs.get("env") or {})
     nodeid = pyfuncitem.nodeid
     rootdir = str(pyfuncitem.config.rootpath)
-    outcomes, job_error = job.run_on_ranks(_run_item_on_rank, (rootdir, nodeid, timeout), [nodeid], np, timeout,
-                                           env)
+    outcomes, job_error = job.run_on_ranks(_run_item_on_rank, (rootdir, nodeid, timeout, startup_timeout), [nodeid],
+                                           np, timeout, env)
     outcome = outcomes[nodeid]
     message = rank_results.failure_message(nodeid, outcome, np, timeout, job_error)
     if message:
@@ -70,11 +72,11 @@ class _Recorder:
             rank_results.record(self.results_dir, self.rank, "end", report.nodeid, outcome, detail)
 
 
-def _run_item_on_rank(results_dir: str, rootdir: str, nodeid: str, timeout: float) -> None:
+def _run_item_on_rank(results_dir: str, rootdir: str, nodeid: str, timeout: float, startup_timeout: float) -> None:
     """One rank: start the engine and run pytest on the one test, recording it."""
     import smdist_tf as sd  # noqa: PLC0415
 
-    job.arm_watchdog(timeout)  # start-up: init() and pytest's collection
+    job.arm_watchdog(startup_timeout)  # init() and pytest's collection
     sd.init()
     os.chdir(rootdir)
     pytest.main([nodeid, "-q", "-p", "no:cacheprovider", f"--rootdir={rootdir}"],

@@ -29,14 +29,16 @@ class DistributedTestCase(tf.test.TestCase):
     method then reports its own outcome over all ranks. On the ranks,
     ``smdist_tf.init()`` has run before ``setUpClass``. A test fails when it fails
     on any rank: the message holds each failing rank's traceback, by rank. A test
-    is skipped only when every rank skipped it. Start-up, and each test, must end
-    within ``timeout`` seconds on every rank; a rank that does not is stopped with
-    every thread's stack on its stderr, its test fails naming it, and the tests
-    after it fail as not run.
+    is skipped only when every rank skipped it. Each test must end within
+    ``timeout`` seconds on every rank (start-up - ``init()``, importing the module,
+    ``setUpClass`` - within ``startup_timeout``); a rank that does not is stopped
+    with every thread's stack on its stderr, its test fails naming it, and the
+    tests after it fail as not run.
 
     Attributes:
         np: ranks the job runs on (default 2).
-        timeout: seconds for start-up, and for each test, on each rank (default 120).
+        timeout: seconds for each test on each rank (default 120).
+        startup_timeout: seconds for start-up on each rank (default 120).
         env: extra environment variables for the ranks.
 
     The ranks import the test module by name (they get this process's
@@ -46,6 +48,7 @@ class DistributedTestCase(tf.test.TestCase):
 
     np: int = 2
     timeout: float = 120.0
+    startup_timeout: float = 120.0
     env: dict[str, str] = {}
     __test__ = False  # pytest collects the subclasses, not this class where a module imports it
 
@@ -69,7 +72,7 @@ class DistributedTestCase(tf.test.TestCase):
             module = sys.modules[cls.__module__]
             cls._smdist_outcomes = job.run_on_ranks(
                 _run_tests_on_rank, (cls.__module__, getattr(module, "__file__", None), cls.__qualname__,
-                                     list(tests), float(cls.timeout)),
+                                     list(tests), float(cls.timeout), float(cls.startup_timeout)),
                 list(tests), cls.np, cls.timeout, cls.env)
         outcomes, job_error = cls._smdist_outcomes
         return outcomes[test], job_error
@@ -195,11 +198,11 @@ def _load_class(module_name: str, module_file: str | None, qualname: str) -> typ
 
 
 def _run_tests_on_rank(results_dir: str, module_name: str, module_file: str | None, qualname: str,
-                       tests: list[str], timeout: float) -> None:
+                       tests: list[str], timeout: float, startup_timeout: float) -> None:
     """One rank: start the engine, load the class and run its tests, recording each."""
     import smdist_tf as sd  # noqa: PLC0415
 
-    job.arm_watchdog(timeout)  # start-up: import, init(), setUpClass
+    job.arm_watchdog(startup_timeout)  # init(), the test module, setUpClass
     sd.init()
     cls = _load_class(module_name, module_file, qualname)
     result = _RecordingResult(results_dir, sd.rank(), timeout, tests)

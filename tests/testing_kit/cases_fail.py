@@ -36,5 +36,19 @@ class HangsOnRankOne(DistributedTestCase):
         pass
 
 
+class StuckInSetUpClass(DistributedTestCase):
+    np = 2
+    startup_timeout = 6
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        if sd.rank() == 0:
+            time.sleep(3600)
+
+    def test_never_reached(self):
+        pass
+
+
 if __name__ == "__main__":
     tf.test.main()
