@@ -28,7 +28,7 @@ void CollectiveExecutor::Trace(const char* phase, Timeline::Clock::time_point be
 Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorEntry>* entries) {
   Status transport_status;
   Status result;
-  alloc_status_ = Status::OK();
+  entry_status_ = Status::OK();
   contributors_ = topology_.size - static_cast<int>(response.joined.size());
   const auto start = Timeline::Clock::now();
   if (timeline_->active()) {
@@ -76,7 +76,7 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
         *static_cast<int32_t*>((*entries)[0].output) = response.last_joined;
         break;
     }
-    result = !transport_status.ok() ? transport_status : !ready.ok() ? ready : alloc_status_;
+    result = !transport_status.ok() ? transport_status : !ready.ok() ? ready : entry_status_;
   }
   if (response.response_type == ResponseType::kError) {
     Trace("ERROR", start);
@@ -128,7 +128,9 @@ Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
     }
     if (spans.empty()) continue;
     if (step.transport == nullptr) {
-      return Status::Unknown("no transport in this build reduces tensors on " + step.device.ToString());
+      entry_status_ = Status::PreconditionFailed("no transport in this build reduces tensors on " +
+                                                 step.device.ToString());
+      continue;
     }
     SMDIST_RETURN_IF_ERROR(AllreduceStep(step, first, std::move(spans)));
   }
@@ -174,14 +176,16 @@ Status CollectiveExecutor::AllreduceStep(const smdist::AllreduceStep& step, cons
   return Status::OK();
 }
 
-Status CollectiveExecutor::TransportFor(const TensorEntry& entry, DataTransport** out) const {
+DataTransport* CollectiveExecutor::TransportFor(const TensorEntry& entry) {
   CollectiveWork work;
   work.type = entry.type;
   work.device = entry.device;
-  *out = FirstEnabled(data_plane_, work);
-  if (*out != nullptr) return Status::OK();
-  return Status::Unknown(std::string("no transport in this build runs ") + CollectiveTypeName(entry.type) +
-                         " on " + entry.device.ToString());
+  DataTransport* transport = FirstEnabled(data_plane_, work);
+  if (transport == nullptr) {
+    entry_status_ = Status::PreconditionFailed(std::string("no transport in this build runs ") +
+                                               CollectiveTypeName(entry.type) + " on " + entry.device.ToString());
+  }
+  return transport;
 }
 
 Status CollectiveExecutor::Allgather(TensorEntry* e, const std::vector<int64_t>& first_dims) {
@@ -196,16 +200,16 @@ Status CollectiveExecutor::Allgather(TensorEntry* e, const std::vector<int64_t>&
   if (out_shape.empty()) out_shape.push_back(rows);
   else out_shape[0] = rows;
   void* out = nullptr;
-  alloc_status_ = e->allocate_output(out_shape, &out);
+  entry_status_ = e->allocate_output(out_shape, &out);
   // An allocation failure on one rank must not leave the others inside MPI:
   // take part with a scratch buffer, then report the failure.
-  if (!alloc_status_.ok()) {
+  if (!entry_status_.ok()) {
     scratch_.resize(NumElements(out_shape) * DataTypeSize(e->dtype));
     out = scratch_.data();
   }
   if (rows * row == 0) return Status::OK();
-  DataTransport* transport = nullptr;
-  SMDIST_RETURN_IF_ERROR(TransportFor(*e, &transport));
+  DataTransport* transport = TransportFor(*e);
+  if (transport == nullptr) return Status::OK();
   return transport->Allgatherv(e->input, out, counts, e->dtype);
 }
 
@@ -213,8 +217,8 @@ Status CollectiveExecutor::Broadcast(TensorEntry* e) {
   const int64_t count = NumElements(e->shape);
   const size_t elem = DataTypeSize(e->dtype);
   if (count == 0) return Status::OK();
-  DataTransport* transport = nullptr;
-  SMDIST_RETURN_IF_ERROR(TransportFor(*e, &transport));
+  DataTransport* transport = TransportFor(*e);
+  if (transport == nullptr) return Status::OK();
   if (topology_.rank == e->root_rank && e->output != e->input) {
     CopyBytes(e->output, e->input, count * elem);
   }
@@ -236,14 +240,14 @@ Status CollectiveExecutor::Alltoall(TensorEntry* e, const std::vector<int64_t>& 
   std::vector<int64_t> out_shape = e->shape;
   out_shape[0] = rows;
   void* out = nullptr;
-  alloc_status_ = e->allocate_output(out_shape, &out);
-  if (!alloc_status_.ok()) {
+  entry_status_ = e->allocate_output(out_shape, &out);
+  if (!entry_status_.ok()) {
     scratch_.resize(NumElements(out_shape) * DataTypeSize(e->dtype));
     out = scratch_.data();
   }
   if (e->set_received_splits) e->set_received_splits(received);
-  DataTransport* transport = nullptr;
-  SMDIST_RETURN_IF_ERROR(TransportFor(*e, &transport));
+  DataTransport* transport = TransportFor(*e);
+  if (transport == nullptr) return Status::OK();
   return transport->Alltoallv(e->input, send_counts, out, recv_counts, e->dtype);
 }
 
@@ -264,8 +268,8 @@ Status CollectiveExecutor::Reducescatter(TensorEntry* e) {
     ScaleInto(e->dtype, e->input, scratch_.data(), total, e->prescale);
     send = scratch_.data();
   }
-  DataTransport* transport = nullptr;
-  SMDIST_RETURN_IF_ERROR(TransportFor(*e, &transport));
+  DataTransport* transport = TransportFor(*e);
+  if (transport == nullptr) return Status::OK();
   const int me = topology_.rank;
   SMDIST_RETURN_IF_ERROR(
       transport->ReduceScatter(send, e->output, counts, e->dtype, WireOp(e->reduce_op)));

@@ -38,8 +38,9 @@ class CollectiveExecutor {
   Status Alltoall(TensorEntry* entry, const std::vector<int64_t>& split_matrix);
   Status Reducescatter(TensorEntry* entry);
 
-  // The transport for a non-allreduce collective on `entry`'s device.
-  Status TransportFor(const TensorEntry& entry, DataTransport** out) const;
+  // The transport for a non-allreduce collective on `entry`'s device, or null
+  // (entry_status_ then says why).
+  DataTransport* TransportFor(const TensorEntry& entry);
   // The host fusion buffer, grown to at least `bytes`.
   uint8_t* FusionBuffer(int64_t bytes);
 
@@ -64,7 +65,10 @@ class CollectiveExecutor {
   std::vector<std::string> tracing_;  // names of the response being executed
   std::vector<uint8_t> fusion_buffer_;  // reused across cycles
   std::vector<uint8_t> scratch_;
-  Status alloc_status_;  // output allocation result of the current response
+  // Fails the current response's entries on this rank without a transport
+  // failure: an output allocation that failed (the rank took part with scratch
+  // memory), or no transport for the tensors' device (which every rank finds).
+  Status entry_status_;
   // Ranks whose data the current response reduces: Average divides by this
   // (ranks inside join() take part without contributing).
   int contributors_ = 1;

@@ -67,7 +67,8 @@ smdist::Status RunToCompletion(smdist::TensorEntry entry) {
 void DefineBufferCollectives(py::module_& m) {
   m.def(
       "_allreduce_buffer",
-      [](py::buffer input, py::buffer output, const std::string& name, int op, double prescale, double postscale) {
+      [](py::buffer input, py::buffer output, const std::string& name, int op, double prescale, double postscale,
+         int device) {
         const py::buffer_info in = input.request();
         const py::buffer_info out = output.request(/*writable=*/true);
         smdist::TensorEntry e;
@@ -84,10 +85,13 @@ void DefineBufferCollectives(py::module_& m) {
         e.reduce_op = static_cast<smdist::ReduceOp>(op);
         e.prescale = prescale;
         e.postscale = postscale;
+        // Where the data is said to live (-1: the host; n: GPU n). Host buffers named as
+        // GPU ones test what ranks are told when no transport reaches a device.
+        e.device = smdist::Device{device};
         RaiseIfError(RunToCompletion(std::move(e)));
       },
       py::arg("input"), py::arg("output"), py::arg("name"), py::arg("op"), py::arg("prescale") = 1.0,
-      py::arg("postscale") = 1.0);
+      py::arg("postscale") = 1.0, py::arg("device") = -1);
   m.def(
       "_broadcast_buffer",
       [](py::buffer buffer, int root_rank, const std::string& name) {

@@ -81,6 +81,11 @@ check_raises_everywhere(lambda: rt._allreduce_buffer(np.ones(2 + rank, np.float3
                                                      "err.shape", SUM), "mismatched shapes")
 check_raises_everywhere(lambda: rt._broadcast_buffer(np.ones(2), size, "err.root"), "out of range")
 check_raises_everywhere(lambda: rt._allreduce_buffer(np.ones(2), np.ones(3), "err.local", SUM), "must match")
+# Devices: ranks that disagree on CPU vs GPU, and a device no transport of this build reaches.
+check_raises_everywhere(lambda: rt._allreduce_buffer(np.ones(2), np.empty(2), "err.devices", SUM,
+                                                     device=0 if rank == 0 else -1), "mismatched devices")
+check_raises_everywhere(lambda: rt._allreduce_buffer(np.ones(2), np.empty(2), "err.gpu", SUM, device=0),
+                        "no transport in this build reduces tensors on GPU:0")
 out = np.empty(4, np.float32)
 rt._allreduce_buffer(np.ones(4, np.float32), out, "after.errors", SUM)
 assert out.tolist() == [float(size)] * 4, out
