@@ -4,6 +4,7 @@ Run the driver, which launches ``mpirun`` itself (one job per phase) and prints 
 
     python benchmarks/allreduce.py --np 2            # full run
     python benchmarks/allreduce.py --np 4 --quick    # smoke run
+    python benchmarks/allreduce.py --process-set --sizes 64K,1M,16M --dtypes float32
 
 Phases (each its own ``mpirun`` job, because a MultiWorkerMirroredStrategy must be built before
 any other TensorFlow op runs in its process):
@@ -14,6 +15,11 @@ any other TensorFlow op runs in its process):
   the ResNet-50-like gradient step, MPI and smdist_tf fused and unfused.
 * ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy`` over loopback gRPC.
 * ``memcpy``: a local numpy copy in the driver process, as the machine's memory reference.
+
+``--process-set`` runs a case of its own instead: a 2-rank job alone (``pset_alone``), then a
+4-rank job (``pset_sets``) in which the process sets [0, 1] and [2, 3] run the eager allreduce
+at the same time, each within its set, and the same job's plain 4-rank allreduce; the summary
+gives each set's busbw as a fraction of the 2-rank job's and of the 4-rank job's.
 
 Every output line is one JSON object; the last one has ``"summary": true`` and the ratios the
 targets of issue #3 are judged by. Nothing here asserts performance.
@@ -128,8 +134,12 @@ class Timer:
     and the slowest rank's median reported.
     """
 
-    def __init__(self, comm: Any, reps: int, warmup: int = 3, min_rep_s: float = 0.02, max_inner: int = 200):
+    def __init__(self, comm: Any, reps: int, warmup: int = 3, min_rep_s: float = 0.02, max_inner: int = 200,
+                 result_comm: Any = None):
         self.comm, self.reps, self.warmup = comm, reps, warmup
+        # The ranks whose slowest median is reported (default: ``comm``). Barriers and the loop
+        # length stay on ``comm``, so groups timed apart on it start together and loop as long.
+        self.result_comm = result_comm if result_comm is not None else comm
         self.min_rep_s, self.max_inner = min_rep_s, max_inner
         self.last: dict[str, float] = {}
 
@@ -162,9 +172,10 @@ class Timer:
                 fn()
             samples.append((time.perf_counter() - t0) / inner)
         # Best and worst repetitions too: on a shared machine the spread says how far to trust the median.
-        self.last = {"seconds_min": self.comm.allreduce(min(samples), op=MPI.MAX),
-                     "seconds_max": self.comm.allreduce(max(samples), op=MPI.MAX)}
-        return self.comm.allreduce(statistics.median(samples), op=MPI.MAX), inner * self.reps
+        out = self.result_comm
+        self.last = {"seconds_min": out.allreduce(min(samples), op=MPI.MAX),
+                     "seconds_max": out.allreduce(max(samples), op=MPI.MAX)}
+        return out.allreduce(statistics.median(samples), op=MPI.MAX), inner * self.reps
 
 
 # ----------------------------------------------------------------------------- MPI (mpi4py)
@@ -449,6 +460,146 @@ def worker_core(args: argparse.Namespace) -> None:
         emit({"system": "smdist_tf", "case": "engine_config", "np": comm.Get_size(), "config": config})
 
 
+# ----------------------------------------------------------------------------- process sets
+
+
+PSET_GROUPS = ([0, 1], [2, 3])  # the two disjoint sets of the 4-rank job
+PSET_JOB_NP, PSET_ALONE_NP = 4, 2
+
+
+def worker_pset_alone(args: argparse.Namespace) -> None:
+    """``pset_alone``: a 2-rank job's eager ``Sum`` allreduce per size, the sets' baseline."""
+    from mpi4py import MPI
+
+    import smdist_tf as sd
+
+    comm = MPI.COMM_WORLD
+    timer = Timer(comm, args.iters)
+    sd.init()
+    for size in args.sizes:
+        x = _tf_fill(size)
+        secs, iters = timer(lambda: sd.allreduce(x, op=sd.Sum, name=f"pset.alone.{size}"))
+        if comm.Get_rank() == 0:
+            emit(record("smdist_tf", "process_set_baseline", size, "float32", comm.Get_size(), secs, iters,
+                        mode="eager", job_np=comm.Get_size(), **timer.last))
+    sd.shutdown()
+
+
+def worker_pset_sets(args: argparse.Namespace) -> None:
+    """``pset_sets``: per size, a plain 4-rank allreduce, then both sets' allreduces at once.
+
+    The plain allreduce runs with an engine that has no sets (no idle set threads beside it);
+    the engine is restarted with the two sets before they are timed. Both sets start each
+    repetition from a barrier of the whole job and loop the same number of calls, so their
+    loops overlap; each set's figure is its slowest member's median.
+    """
+    from mpi4py import MPI
+
+    import smdist_tf as sd
+
+    comm = MPI.COMM_WORLD
+    rank, n = comm.Get_rank(), comm.Get_size()
+    if n != PSET_JOB_NP:
+        raise SystemExit(f"the process-set case needs {PSET_JOB_NP} ranks, got {n}")
+    index = next(i for i, ranks in enumerate(PSET_GROUPS) if rank in ranks)
+    set_comm = comm.Split(color=index, key=rank)
+    plain_timer, set_timer = Timer(comm, args.iters), Timer(comm, args.iters, result_comm=set_comm)
+    for size in args.sizes:
+        x = _tf_fill(size)
+        # shutdown() stops the engine on every rank: wait until no rank is still timing.
+        comm.Barrier()
+        if sd.is_initialized():
+            sd.shutdown()
+        sd.init()
+        secs, iters = plain_timer(lambda: sd.allreduce(x, op=sd.Sum, name=f"pset.global.{size}"))
+        if rank == 0:
+            emit(record("smdist_tf", "process_set_global", size, "float32", n, secs, iters, mode="eager",
+                        job_np=n, **plain_timer.last))
+        comm.Barrier()
+        sd.shutdown()
+        sets = [sd.ProcessSet(ranks) for ranks in PSET_GROUPS]
+        sd.init(process_sets=sets)
+        mine = sets[index]
+        secs, iters = set_timer(lambda: sd.allreduce(x, op=sd.Sum, name=f"pset.set.{size}", process_set=mine))
+        results = comm.gather((index, secs, iters, dict(set_timer.last)), root=0)
+        if rank == 0:
+            for i, s_secs, s_iters, last in sorted({r[0]: r for r in results}.values()):
+                emit(record("smdist_tf", "process_set_concurrent", size, "float32", len(PSET_GROUPS[i]), s_secs,
+                            s_iters, mode="eager", job_np=n, process_set=PSET_GROUPS[i],
+                            concurrent_sets=[list(g) for g in PSET_GROUPS], **last))
+    comm.Barrier()  # the other set may still be timing
+    sd.shutdown()
+    set_comm.Free()
+
+
+def _tf_fill(size: int) -> Any:
+    """A float32 tensor of ``size`` bytes."""
+    import tensorflow as tf
+
+    return tf.fill([size // 4], tf.constant(0.5, tf.float32))
+
+
+def measure_pset_ratios(records: list[dict], args: argparse.Namespace) -> dict:
+    """The process-set figures from one run's lines: {field: {set: {size: ratio}}}."""
+    vs_alone: dict[str, dict] = {}
+    vs_global: dict[str, dict] = {}
+    best_alone: dict[str, dict] = {}
+    for ranks in PSET_GROUPS:
+        key = ",".join(map(str, ranks))
+        vs_alone[key], vs_global[key], best_alone[key] = {}, {}, {}
+        for s in args.sizes:
+            mine = next((r for r in records if r.get("case") == "process_set_concurrent" and r.get("size_bytes") == s
+                         and r.get("process_set") == ranks and r.get("seconds")), None)
+            alone = _find(records, "smdist_tf", "process_set_baseline", s)
+            plain = _find(records, "smdist_tf", "process_set_global", s)
+            vs_alone[key][str(s)] = _ratio(mine and mine["busbw"], alone and alone["busbw"])
+            vs_global[key][str(s)] = _ratio(mine and mine["busbw"], plain and plain["busbw"])
+            # From each side's best repetition (both are 2-rank busbw): steadier on a loaded machine.
+            best_alone[key][str(s)] = _ratio(alone and alone.get("seconds_min"), mine and mine.get("seconds_min"))
+    return {"busbw_ratio_set_vs_2rank_job_alone": vs_alone, "busbw_ratio_set_vs_4rank_job_global": vs_global,
+            "busbw_ratio_set_vs_2rank_job_alone_best_rep": best_alone}
+
+
+def _drive_process_sets(args: argparse.Namespace) -> int:
+    """``--process-set``: the 2-rank job, then the 4-rank job with two sets, ``--repeat`` times."""
+    load: dict[str, Any] = {"start": list(os.getloadavg())}
+    records: list[dict] = []
+    errors: list[str] = []
+    per_repeat: list[dict] = []
+    for rep in range(args.repeat):
+        tag = rep if args.repeat > 1 else None
+        run_records: list[dict] = []
+        for phase, np_ in (("pset_alone", PSET_ALONE_NP), ("pset_sets", PSET_JOB_NP)):
+            recs, err = run_phase(phase, args, tag, np_=np_)
+            run_records += recs
+            if err:
+                errors.append(err)
+        records += run_records
+        figures = measure_pset_ratios(run_records, args)
+        per_repeat.append(figures)
+        if args.repeat > 1:
+            emit({"repeat_summary": rep, "process_set": True, **figures})
+
+    def median_nested(key: str) -> dict:
+        return {ps: {s: (round(statistics.median(v), 4) if (v := [f[key][ps][s] for f in per_repeat
+                                                                   if f[key][ps][s] is not None]) else None)
+                     for s in per_repeat[0][key][ps]} for ps in per_repeat[0][key]}
+
+    figures = {key: median_nested(key) for key in per_repeat[0]}
+    ratios = [v for by_size in figures["busbw_ratio_set_vs_2rank_job_alone"].values() for v in by_size.values()
+              if v is not None]
+    emit({"summary": True, "process_set": True, "np": PSET_JOB_NP, "sets": [list(g) for g in PSET_GROUPS],
+          "baseline_np": PSET_ALONE_NP, "sizes": args.sizes, "repeats": args.repeat, **figures,
+          "min_busbw_ratio_set_vs_2rank_job": min(ratios) if ratios else None,
+          "target_each_set_ge_0.9x_2rank_job": (min(ratios) >= 0.9) if ratios else None,
+          "cpu_count": os.cpu_count(),
+          "note": (f"{PSET_JOB_NP} ranks on {os.cpu_count()} CPUs" if (os.cpu_count() or 0) < PSET_JOB_NP * 2
+                   else None),
+          "load_average": {"start": load["start"], "end": list(os.getloadavg())},
+          "smdist_library_mtime_utc": _library_mtime(), "errors": errors})
+    return 1 if errors else 0
+
+
 # ----------------------------------------------------------------------------- MultiWorkerMirroredStrategy
 
 
@@ -551,10 +702,11 @@ def mpirun_cmd(np_: int, hosts: Optional[dict] = None, env: Optional[dict] = Non
     return cmd
 
 
-def run_phase(phase: str, args: argparse.Namespace, repeat: Optional[int] = None) -> tuple[list[dict], Optional[str]]:
+def run_phase(phase: str, args: argparse.Namespace, repeat: Optional[int] = None,
+              np_: Optional[int] = None) -> tuple[list[dict], Optional[str]]:
     """Runs one worker phase under mpirun; returns its JSON records and an error text if it failed.
 
-    Records are tagged with ``repeat`` when given. Non-JSON output is passed through to stderr. The
+    Records are tagged with ``repeat`` when given; ``np_`` overrides ``args.np``. Non-JSON output is passed through to stderr. The
     whole process group is killed on timeout.
     """
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", phase, "--iters", str(args.iters),
@@ -568,7 +720,7 @@ def run_phase(phase: str, args: argparse.Namespace, repeat: Optional[int] = None
     error = None
     # A private session directory: a phase killed below must not break a later mpirun.
     with private_session_base(BASE_VARIABLE if args.hosts is None else None, env) as env:
-        proc = subprocess.Popen(mpirun_cmd(args.np, args.hosts, env) + argv, cwd=ROOT, env=env,
+        proc = subprocess.Popen(mpirun_cmd(np_ or args.np, args.hosts, env) + argv, cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=sys.stderr, text=True, start_new_session=True)
         try:
             out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -774,7 +926,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--two-hosts", action="store_true",
                    help="split the ranks over two hosts played by network namespaces joined by a veth pair "
                         "(TCP between them; needs root): a network hop on one machine. MWMS is left out")
-    p.add_argument("--worker", choices=["core", "mwms"], help=argparse.SUPPRESS)
+    p.add_argument("--process-set", action="store_true",
+                   help="process sets instead of the usual phases: a 2-rank job alone, then a 4-rank job where "
+                        "the sets [0,1] and [2,3] each run the allreduce at the same time (fp32, eager, Sum); "
+                        "--np is ignored")
+    p.add_argument("--worker", choices=["core", "mwms", "pset_alone", "pset_sets"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     args.iters = args.iters or (3 if args.quick else 5)
@@ -795,9 +951,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.worker == "mwms":
         worker_mwms(args)
         return 0
+    if args.worker == "pset_alone":
+        worker_pset_alone(args)
+        return 0
+    if args.worker == "pset_sets":
+        worker_pset_sets(args)
+        return 0
     if "OMPI_COMM_WORLD_SIZE" in os.environ:
         sys.exit("run the driver without mpirun: python benchmarks/allreduce.py --np N (it launches mpirun)")
     args.hosts = None
+    if args.process_set:
+        if args.two_hosts:
+            sys.exit("--process-set runs on one host; leave out --two-hosts")
+        return _drive_process_sets(args)
     if args.two_hosts:
         sys.path.insert(0, str(ROOT))
         from benchmarks.netns_hosts import Unavailable, two_namespace_hosts

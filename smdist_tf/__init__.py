@@ -50,14 +50,19 @@ _EXPORTS: dict[str, str] = {
         "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built", "shutdown", "size",
         "start_timeline", "stop_timeline",
     )},
+    **{name: "smdist_tf.process_sets" for name in (
+        "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
+    )},
+    # Horovod's scripts and tests call hvd._executing_eagerly() and hvd.util._executing_eagerly().
+    "_executing_eagerly": "smdist_tf.util",
     "DataParallelStrategy": "smdist_tf.distribute",
     "SyncBatchNormalization": "smdist_tf.sync_batch_norm",
 }
 # Subpackages reachable as attributes. ``run`` is callable: smdist_tf.run(fn, np=2)
 # runs fn on every rank (see smdist_tf/run/__init__.py).
-_SUBMODULES = ("run", "keras", "distribute", "elastic")
+_SUBMODULES = ("run", "keras", "distribute", "elastic", "util")
 
-__all__ = sorted([*_EXPORTS, "run"])
+__all__ = sorted([*(n for n in _EXPORTS if not n.startswith("_")), "run"])
 
 
 def __getattr__(name: str) -> Any:

@@ -6,15 +6,16 @@ from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
-from smdist_tf import reduce_ops
+from smdist_tf import process_sets as _process_sets, reduce_ops
 from smdist_tf.collectives import grouped_allreduce
 from smdist_tf.compression import Compression, Compressor, validate as validate_compression
+from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average, Sum
 from smdist_tf.runtime import size
 
 
 class DistributedGradientTape:
-    """Wraps a ``tf.GradientTape`` so ``gradient()`` returns gradients reduced over all ranks.
+    """Wraps a ``tf.GradientTape`` so ``gradient()`` returns gradients reduced over all ranks (or a process set's).
 
     Dense gradients are reduced in one fused request per group; ``tf.IndexedSlices``
     gradients (embeddings) are allgathered, or densified first with
@@ -32,7 +33,9 @@ class DistributedGradientTape:
             ``size()/factor`` after it (trades overflow risk against precision).
         num_groups: split the gradients into this many fused requests (0: one request).
         groups: explicit grouping, a list of lists of variables; overrides ``num_groups``.
-        process_set: only ``None`` (all ranks) is supported.
+        process_set: the ``ProcessSet`` to reduce over (``None``: all ranks); ``size()``
+            below then means the set's size. On a rank outside the set, as in Horovod,
+            ``gradient()`` returns the local gradients unreduced.
         scale_local_gradients: divide the gradients of sources registered with
             ``register_local_source`` by ``size()``, as Horovod does.
     """
@@ -48,11 +51,10 @@ class DistributedGradientTape:
         gradient_predivide_factor: float = 1.0,
         num_groups: int = 0,
         groups: Optional[Sequence[Sequence[Any]]] = None,
-        process_set: Any = None,
+        process_set: Optional[ProcessSet] = None,
         scale_local_gradients: bool = True,
     ) -> None:
-        if process_set is not None:
-            raise NotImplementedError("process sets are not supported yet: gradients are reduced over all ranks")
+        _process_sets.process_set_id(process_set)  # a set that is not registered fails here
         op = reduce_ops.validate(op)
         if op not in (Average, Sum):
             raise ValueError("DistributedGradientTape supports op=Average or op=Sum")
@@ -68,6 +70,7 @@ class DistributedGradientTape:
         self._num_groups = num_groups
         self._groups = groups
         self._scale_local = scale_local_gradients
+        self._process_set = process_set
         # By identity: Keras 3 variables have no .ref() and compare by value.
         self._local_sources: dict[int, Any] = {}
 
@@ -98,9 +101,14 @@ class DistributedGradientTape:
         reduced = self._reduce(flat_grads, flat_sources)
         return tf.nest.pack_sequence_as(grads, reduced)
 
+    def _ranks(self) -> int:
+        return size() if self._process_set is None else self._process_set.size()
+
     def _reduce(self, grads: list, sources: list) -> list:
-        if size() == 1 and self._op == Average and self._predivide == 1.0:
+        if self._ranks() == 1 and self._op == Average and self._predivide == 1.0:
             return grads
+        if self._process_set is not None and not self._process_set.included():
+            return grads  # as Horovod: a rank outside the set keeps its own gradients
         if self._sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         op, prescale, postscale = self._op, 1.0, 1.0
@@ -115,18 +123,20 @@ class DistributedGradientTape:
             grads = [None if local else g for g, local in zip(grads, is_local)]
         for positions in self._partition(grads, sources):
             reduced = grouped_allreduce(
-                [grads[i] for i in positions], op=op, prescale_factor=prescale, postscale_factor=postscale, compression=self._compression
+                [grads[i] for i in positions], op=op, prescale_factor=prescale, postscale_factor=postscale,
+                compression=self._compression, process_set=self._process_set,
             )
             for i, r in zip(positions, reduced):
                 result[i] = r
         return result
 
     def _scaled_local(self, grad: Any) -> Any:
-        if not self._scale_local or size() == 1:
+        ranks = self._ranks()
+        if not self._scale_local or ranks == 1:
             return grad
         if isinstance(grad, tf.IndexedSlices):
-            return tf.IndexedSlices(grad.values / tf.cast(size(), grad.values.dtype), grad.indices, grad.dense_shape)
-        return grad / tf.cast(size(), grad.dtype)
+            return tf.IndexedSlices(grad.values / tf.cast(ranks, grad.values.dtype), grad.indices, grad.dense_shape)
+        return grad / tf.cast(ranks, grad.dtype)
 
     def _partition(self, grads: list, sources: list) -> list:
         """Index lists of the non-None gradients, one list per fused request."""
@@ -157,7 +167,7 @@ def PartialDistributedGradientTape(
     gradient_predivide_factor: float = 1.0,
     local_layers: Any = None,
     groups: Optional[Sequence[Sequence[Any]]] = None,
-    process_set: Any = None,
+    process_set: Optional[ProcessSet] = None,
     scale_local_gradients: bool = True,
 ) -> DistributedGradientTape:
     """A ``DistributedGradientTape`` that keeps the gradients of ``local_layers`` local (Horovod's spelling).
@@ -172,7 +182,7 @@ def PartialDistributedGradientTape(
         gradient_predivide_factor: as for ``DistributedGradientTape``.
         local_layers: a Keras layer or a list of them whose trainable weights are not reduced.
         groups: explicit grouping of the reduced variables.
-        process_set: only ``None`` (all ranks) is supported.
+        process_set: the ``ProcessSet`` to reduce over (``None``: all ranks).
         scale_local_gradients: divide the local gradients by ``size()``, as Horovod does.
 
     Returns:

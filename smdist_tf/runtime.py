@@ -11,7 +11,7 @@ from smdist_tf._native import build_info, runtime as _rt
 _owner_exit_hook_registered = False
 
 
-def init(comm: Any = None) -> None:
+def init(comm: Any = None, process_sets: Any = None) -> None:
     """Starts the collective engine. Every process of the job must call it.
 
     Works without a launcher too: a lone process becomes a job of size 1.
@@ -23,18 +23,28 @@ def init(comm: Any = None) -> None:
 
     Args:
         comm: accepted for Horovod compatibility; only ``None`` (all processes) is supported.
+        process_sets: ``ProcessSet`` objects to register (the same on every rank, or
+            each rank's own group's communicator), or ``"dynamic"`` to allow
+            ``add_process_set``/``remove_process_set`` later (see docs/process-sets.md).
 
     Raises:
-        ValueError: if ``comm`` is given.
+        ValueError: if ``comm`` is given, or ``process_sets`` once already initialized.
         ValueError: if an ``SMDIST_*``/``HOROVOD_*`` setting is malformed (the message names it).
+        ValueError: on every rank, if the ranks register different or invalid process sets.
         RuntimeError: if MPI cannot be started.
     """
     if comm is not None:
         raise ValueError("smdist_tf.init(comm=...) is not supported: the job always spans all processes")
+    if process_sets is not None and _rt.is_initialized() and len(_rt.process_set_ids()) > 1:
+        raise ValueError("smdist_tf is already initialized with process sets: add more with add_process_set()")
     _rt.init()
     peer_failure.install()
     if not _rt.owns_mpi():
         _stop_before_mpi_owner_exits()
+    if _rt.process_set_ids() == [0]:  # a fresh engine (a running one keeps its sets)
+        from smdist_tf import process_sets as _process_sets
+
+        _process_sets.setup(process_sets)
 
 
 def _stop_before_mpi_owner_exits() -> None:

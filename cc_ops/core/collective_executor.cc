@@ -22,7 +22,9 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
 
 void CollectiveExecutor::Trace(const char* phase, Timeline::Clock::time_point begin,
                                const char* extra_args) {
-  if (timeline_->active()) timeline_->Record(tracing_, phase, begin, Timeline::Clock::now(), extra_args);
+  if (timeline_->active()) {
+    timeline_->Record(tracing_, phase, begin, Timeline::Clock::now(), extra_args, process_set_id_);
+  }
 }
 
 Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorEntry>* entries) {
@@ -39,7 +41,7 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
       const char* in_place = e.output == nullptr    ? nullptr
                              : e.output == e.input ? "\"in_place\":true"
                                                     : "\"in_place\":false";
-      timeline_->Record({e.name}, "NEGOTIATE", e.enqueued_at, start, in_place);
+      timeline_->Record({e.name}, "NEGOTIATE", e.enqueued_at, start, in_place, process_set_id_);
     }
   }
   // Data on a device is read only once the work that produces it has run. A

@@ -19,10 +19,15 @@ namespace smdist {
 
 class CollectiveExecutor {
  public:
-  // `data_plane`: transports in order of preference.
+  // `data_plane`: transports in order of preference. `process_set_id`: whose
+  // collectives these are (the timeline says so).
   CollectiveExecutor(const Topology& topology, std::vector<DataTransport*> data_plane,
-                     const FusionPlanner* planner, Timeline* timeline)
-      : topology_(topology), data_plane_(std::move(data_plane)), planner_(planner), timeline_(timeline) {}
+                     const FusionPlanner* planner, Timeline* timeline, int32_t process_set_id)
+      : topology_(topology),
+        data_plane_(std::move(data_plane)),
+        planner_(planner),
+        timeline_(timeline),
+        process_set_id_(process_set_id) {}
 
   // `entries` are this rank's entries for `response.names`, in that order.
   // Completes every entry (calls done). Returns a transport failure, after
@@ -62,6 +67,7 @@ class CollectiveExecutor {
   std::vector<DataTransport*> data_plane_;
   const FusionPlanner* planner_;
   Timeline* timeline_;
+  int32_t process_set_id_;
   std::vector<std::string> tracing_;  // names of the response being executed
   std::vector<uint8_t> fusion_buffer_;  // reused across cycles
   std::vector<uint8_t> scratch_;

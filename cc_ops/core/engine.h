@@ -1,25 +1,34 @@
-// The process-wide collective engine: owns the transports, the queue of
-// submitted collectives and the background thread that negotiates and runs
-// them. Framework kernels only call Enqueue(); Python controls the lifetime.
+// The process-wide collective engine: starts the communication runtime, owns
+// one collective stream per process set (collective_stream.h; the set of all
+// ranks is process set 0), the point-to-point channel and the timeline.
+// Framework kernels only call Enqueue(); Python controls the lifetime and the
+// process sets.
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/config.h"
 #include "common/shared_output_arena.h"
 #include "common/status.h"
 #include "common/tensor_entry.h"
-#include "control/tensor_queue.h"
 #include "control/timeline.h"
 #include "transports/point_to_point.h"
 #include "transports/registry.h"
 
 namespace smdist {
+
+class CollectiveStream;
+
+// Where this rank sits in a process set.
+struct ProcessSetMembership {
+  std::vector<int> ranks;  // the set's ranks, ascending
+  int rank = -1;           // this rank's index among them, -1 when not a member
+};
 
 class Engine {
  public:
@@ -62,8 +71,22 @@ class Engine {
   Status StartTimeline(const std::string& path, bool mark_cycles);
   void StopTimeline() { timeline_.Stop(); }
 
+  // Process sets. Both are collective over every rank: each calls them for
+  // the same set, in the same order; a disagreement (different ranks, order
+  // or id), ranks out of range or repeated, a set that already exists, or
+  // (Remove) collectives in flight on the set fails on every rank alike.
+  // `ranks`: any order; the set's id goes to *id (the lowest free one, from 1).
+  Status AddProcessSet(std::vector<int> ranks, int32_t* id);
+  Status RemoveProcessSet(int32_t id);
+  // The registered sets' ids, 0 first.
+  std::vector<int32_t> ProcessSetIds() const;
+  // The set's ranks and this rank's place in it; an error for an unknown id.
+  Status Membership(int32_t process_set_id, ProcessSetMembership* out) const;
+
   // Queues entries submitted together (they are negotiated in the same
-  // cycle, so a group fuses). On error nothing is queued and no done runs.
+  // cycle, so a group fuses) on their process set's stream (all entries of a
+  // group belong to one set). On error nothing is queued and no done runs:
+  // an unknown set, or one this rank is not a member of, is an error.
   // With `run_inline`, a caller that finds no cycle running runs one itself
   // instead of waking the engine thread: a lone collective then completes
   // without two thread hand-offs (done may run before Enqueue returns).
@@ -88,57 +111,39 @@ class Engine {
                                                  WireCompression compression, double prescale);
 
  private:
+  Engine() = default;
   // Why a send/recv cannot be taken now, or OK; state_mu_ held.
   Status PointToPointReadyLocked() const;
-  Engine() = default;
-  // Stops the thread and frees the transports; lifecycle_mu_ held.
+  // Stops every stream and frees the transports; lifecycle_mu_ held.
   void ReleaseLocked();
-  struct CycleState;
-  void BackgroundLoop();
-  // Runs one cycle; cycle_mu_ held. False once cycles have ended for good.
-  bool RunCycleLocked();
-  // One negotiation + execution cycle; false when the engine must stop.
-  bool RunCycle(CycleState* state);
-  // Bit-vector round for cached collectives: fills `ready` with the cached
-  // collectives every rank has submitted; `needs_full` when anyone has
-  // uncached work, asked to shut down, or suspects a stall.
-  Status NegotiateCached(CycleState* state, std::vector<Request>* uncached,
-                         std::vector<Response>* ready, bool* needs_full);
-  Status NegotiateFull(CycleState* state, std::vector<Request> uncached, ResponseList* out);
-  // Takes this rank's entries for `response` and runs it; false on a fatal error.
-  bool Execute(CycleState* state, const Response& response, bool remember);
-  void Stop(const std::string& reason);
+  // The stream of process set `id` on this rank, or an error saying why none.
+  Status StreamOf(int32_t id, std::shared_ptr<CollectiveStream>* out) const;
+  // Process set 0 stopped by itself (a failure, a peer's, a stall): every
+  // other stream and the point-to-point channel stop too.
+  void OnGlobalStop(const std::string& reason);
 
-  mutable std::mutex lifecycle_mu_;  // Init/Shutdown
-  mutable std::mutex state_mu_;      // running_/stop_reason_ vs Enqueue
+  mutable std::mutex lifecycle_mu_;  // Init/Shutdown/AddProcessSet/RemoveProcessSet; config_
+  // Guards running_ through process_sets_, world_transports_ and p2p_;
+  // held briefly (never across communication), after lifecycle_mu_ when both are.
+  mutable std::mutex state_mu_;
   std::atomic<bool> initialized_{false};
   bool running_ = false;
   std::string stop_reason_;
-  std::atomic<bool> shutdown_requested_{false};
-  std::string exit_failure_;  // state_mu_: sent with the shutdown request when set
-  int failed_peer_ = -1;      // state_mu_
-  std::atomic<bool> loop_done_{false};
+  int failed_peer_ = -1;
+  Topology topology_;  // of all ranks
+  std::map<int32_t, std::shared_ptr<CollectiveStream>> streams_;  // the sets this rank is in
+  std::map<int32_t, std::vector<int>> process_sets_;  // every registered set's ranks
   // At process exit the framework may be half torn down: pending entries are
   // dropped instead of completed.
   std::atomic<bool> exiting_{false};
   bool runtime_threads_multiple_ = false;
 
   EngineConfig config_;
-  std::unique_ptr<Transports> transports_;
-  std::unique_ptr<TensorQueue> queue_;
-  PointToPointChannel* p2p_ = nullptr;  // transports_'s; null without runtime_threads_multiple_
+  const Transports* world_transports_ = nullptr;  // process set 0's, for registration
+  PointToPointChannel* p2p_ = nullptr;  // world's; null without runtime_threads_multiple_
   mutable std::mutex arena_mu_;  // output_arena_ vs kernels on TensorFlow's threads
   std::shared_ptr<SharedOutputArena> output_arena_;
-  std::thread thread_;
   Timeline timeline_;
-  // Cycles run one at a time, on the engine thread or an inline caller;
-  // cycle_mu_ is taken before state_mu_ when both are needed.
-  std::mutex cycle_mu_;
-  std::unique_ptr<CycleState> cycle_state_;
-  bool cycles_over_ = false;  // cycle_mu_
-  std::atomic<uint64_t> cycles_run_{0};  // by any thread: the engine thread skips idle rounds callers ran
-  // Longest wait of an idle engine thread between negotiation rounds.
-  static constexpr int64_t kIdleWaitCapUs = 20 * 1000;
 };
 
 }  // namespace smdist

@@ -68,7 +68,7 @@ void DefineBufferCollectives(py::module_& m) {
   m.def(
       "_allreduce_buffer",
       [](py::buffer input, py::buffer output, const std::string& name, int op, double prescale, double postscale,
-         int device) {
+         int device, int process_set_id) {
         const py::buffer_info in = input.request();
         const py::buffer_info out = output.request(/*writable=*/true);
         smdist::TensorEntry e;
@@ -79,6 +79,7 @@ void DefineBufferCollectives(py::module_& m) {
         }
         if (!smdist::IsValidReduceOp(op)) throw py::value_error("unknown reduce op " + std::to_string(op));
         e.name = name;
+        e.process_set_id = process_set_id;
         e.type = smdist::CollectiveType::kAllreduce;
         e.input = in.ptr;
         e.output = out.ptr;
@@ -91,28 +92,23 @@ void DefineBufferCollectives(py::module_& m) {
         RaiseIfError(RunToCompletion(std::move(e)));
       },
       py::arg("input"), py::arg("output"), py::arg("name"), py::arg("op"), py::arg("prescale") = 1.0,
-      py::arg("postscale") = 1.0, py::arg("device") = -1);
+      py::arg("postscale") = 1.0, py::arg("device") = -1, py::arg("process_set_id") = 0);
   m.def(
       "_broadcast_buffer",
-      [](py::buffer buffer, int root_rank, const std::string& name) {
+      [](py::buffer buffer, int root_rank, const std::string& name, int process_set_id) {
         const py::buffer_info b = buffer.request(/*writable=*/true);
         smdist::TensorEntry e;
         e.name = name;
+        e.process_set_id = process_set_id;
         e.type = smdist::CollectiveType::kBroadcast;
         e.dtype = DataTypeOf(b);
         e.shape = ContiguousShape(b);
         e.input = b.ptr;
         e.output = b.ptr;
-        e.root_rank = root_rank;
-        const int size = smdist::Engine::Instance().topology().size;
-        if (root_rank < 0 || root_rank >= size) {
-          // Reported through negotiation, so every rank fails together.
-          e.local_error = "root rank " + std::to_string(root_rank) + " is out of range for " +
-                          std::to_string(size) + " ranks";
-        }
+        e.root_rank = root_rank;  // a world rank: the engine checks it against the set
         RaiseIfError(RunToCompletion(std::move(e)));
       },
-      py::arg("buffer"), py::arg("root_rank"), py::arg("name"));
+      py::arg("buffer"), py::arg("root_rank"), py::arg("name"), py::arg("process_set_id") = 0);
 }
 
 }  // namespace smdist_python

@@ -38,6 +38,24 @@ PYBIND11_MODULE(_runtime, m) {
     py::gil_scoped_release release;
     RaiseIfError(smdist::Engine::Instance().Shutdown());
   });
+  // Process sets: add/remove are collective over every rank (engine.h).
+  m.def("add_process_set", [](std::vector<int> ranks) {
+    int32_t id = 0;
+    py::gil_scoped_release release;
+    RaiseIfError(smdist::Engine::Instance().AddProcessSet(std::move(ranks), &id));
+    return id;
+  });
+  m.def("remove_process_set", [](int32_t id) {
+    py::gil_scoped_release release;
+    RaiseIfError(smdist::Engine::Instance().RemoveProcessSet(id));
+  });
+  m.def("process_set_ids", [] { return smdist::Engine::Instance().ProcessSetIds(); });
+  // (ranks, this rank's index among them or -1) of a registered set.
+  m.def("process_set_membership", [](int32_t id) {
+    smdist::ProcessSetMembership set;
+    RaiseIfError(smdist::Engine::Instance().Membership(id, &set));
+    return py::make_tuple(set.ranks, set.rank);
+  });
   m.def("failed_peer", [] { return smdist::Engine::Instance().failed_peer(); });
   m.def("owns_mpi", [] { return smdist::Engine::Instance().owns_runtime(); });
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {

@@ -102,9 +102,25 @@ absl::Status AllocateAllreduceOutput(OpKernelContext* ctx, int index, Tensor** o
 
 class CollectiveKernel : public AsyncOpKernel {
  public:
-  using AsyncOpKernel::AsyncOpKernel;
+  explicit CollectiveKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    if (c->HasAttr("process_set_id")) OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
+  }
 
  protected:
+  // This rank's place in the op's process set; an error when the set is
+  // unknown or this rank is not a member (the engine refuses those too).
+  absl::Status Membership(ProcessSetMembership* set) const {
+    Status s = Engine::Instance().Membership(process_set_id_, set);
+    if (s.ok() && set->rank < 0) {
+      std::string ranks;
+      for (int r : set->ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      s = Status::InvalidArgument("rank " + std::to_string(Engine::Instance().topology().rank) +
+                                  " is not a member of process set " + std::to_string(process_set_id_) +
+                                  " (ranks [" + ranks + "])");
+    }
+    return bridge::ToTfStatus(s);
+  }
+
   // Inputs that are tensors to exchange: all but the name, which comes last.
   static int DataInputs(OpKernelContext* ctx) { return ctx->num_inputs() - 1; }
 
@@ -118,7 +134,7 @@ class CollectiveKernel : public AsyncOpKernel {
     }
     const tensorflow::tstring& given = name.scalar<tensorflow::tstring>()();
     *out = given.empty() ? this->name() : std::string(given);
-    if (IsNumberedPerCall(*out)) *out = NextNumberedName(*out);
+    if (IsNumberedPerCall(*out)) *out = NextNumberedName(*out, process_set_id_);
     return absl::OkStatus();
   }
 
@@ -135,6 +151,7 @@ class CollectiveKernel : public AsyncOpKernel {
                                         tensorflow::DataTypeString(input.dtype()));
     }
     e->name = EntryName(call_name, index, count);
+    e->process_set_id = process_set_id_;
     e->shape = bridge::ToDims(input.shape());
     e->input = input.tensor_data().data();
     return absl::OkStatus();
@@ -156,6 +173,8 @@ class CollectiveKernel : public AsyncOpKernel {
     completion->KeepAlive(input);
     return [completion](const Status& s) { completion->EntryDone(s); };
   }
+
+  int process_set_id_ = 0;  // 0: all ranks
 };
 
 class AllreduceKernel : public CollectiveKernel {
@@ -212,7 +231,6 @@ class BroadcastKernel : public CollectiveKernel {
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const int n = DataInputs(ctx);
-    const int size = Engine::Instance().topology().size;
     std::string call_name;
     OP_REQUIRES_OK_ASYNC(ctx, CallName(ctx, &call_name), done);
     auto completion = std::make_shared<OpCompletion>(ctx, done, n);
@@ -225,11 +243,7 @@ class BroadcastKernel : public CollectiveKernel {
           ctx, ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out), done);
       e.output = const_cast<char*>(out->tensor_data().data());
       e.type = CollectiveType::kBroadcast;
-      e.root_rank = root_rank_;
-      if (root_rank_ < 0 || root_rank_ >= size) {
-        e.local_error = "broadcast of '" + e.name + "': root_rank " + std::to_string(root_rank_) +
-                        " is out of range for " + std::to_string(size) + " ranks";
-      }
+      e.root_rank = root_rank_;  // a world rank: the engine checks it against the set
       e.done = DoneFor(completion, ctx->input(i));
     }
     Submit(ctx, std::move(entries), completion, done);
@@ -271,6 +285,8 @@ class AlltoallKernel : public CollectiveKernel {
   using CollectiveKernel::CollectiveKernel;
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    ProcessSetMembership set;
+    OP_REQUIRES_OK_ASYNC(ctx, Membership(&set), done);
     std::string call_name;
     OP_REQUIRES_OK_ASYNC(ctx, CallName(ctx, &call_name), done);
     auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
@@ -278,7 +294,7 @@ class AlltoallKernel : public CollectiveKernel {
     TensorEntry& e = entries[0];
     OP_REQUIRES_OK_ASYNC(ctx, Describe(call_name, ctx, 0, 1, &e), done);
     e.type = CollectiveType::kAlltoall;
-    e.local_error = ReadSplits(ctx->input(1), e.name, e.shape, &e.splits);
+    e.local_error = ReadSplits(ctx->input(1), e.name, e.shape, static_cast<int>(set.ranks.size()), &e.splits);
     e.allocate_output = [ctx](const std::vector<int64_t>& shape, void** data) {
       Tensor* out = nullptr;
       absl::Status s = ctx->allocate_output(0, bridge::ToShape(shape), &out);
@@ -299,9 +315,9 @@ class AlltoallKernel : public CollectiveKernel {
 
  private:
   // Returns "" when the splits are usable; empty splits mean equal parts.
+  // `size`: the ranks of the op's process set.
   static std::string ReadSplits(const Tensor& splits_tensor, const std::string& name,
-                                const std::vector<int64_t>& shape, std::vector<int64_t>* splits) {
-    const int size = Engine::Instance().topology().size;
+                                const std::vector<int64_t>& shape, int size, std::vector<int64_t>* splits) {
     const std::string what = "alltoall of '" + name + "': ";
     if (shape.empty()) return what + "needs a tensor of rank >= 1, got a scalar";
     const int64_t rows = shape[0];
@@ -345,6 +361,8 @@ class ReducescatterKernel : public CollectiveKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    ProcessSetMembership set;
+    OP_REQUIRES_OK_ASYNC(ctx, Membership(&set), done);
     std::string call_name;
     OP_REQUIRES_OK_ASYNC(ctx, CallName(ctx, &call_name), done);
     auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
@@ -358,9 +376,8 @@ class ReducescatterKernel : public CollectiveKernel {
     if (e.shape.empty()) {
       e.local_error = "reducescatter of '" + e.name + "' needs a tensor of rank >= 1, got a scalar";
     } else {
-      const Topology topo = Engine::Instance().topology();
       std::vector<int64_t> out_shape = e.shape;
-      out_shape[0] = ReducescatterRows(e.shape[0], topo.size, topo.rank);
+      out_shape[0] = ReducescatterRows(e.shape[0], static_cast<int>(set.ranks.size()), set.rank);
       Tensor* out = nullptr;
       OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, bridge::ToShape(out_shape), &out), done);
       e.output = const_cast<char*>(out->tensor_data().data());
@@ -385,6 +402,7 @@ class BarrierKernel : public CollectiveKernel {
     auto completion = std::make_shared<OpCompletion>(ctx, done, 1);
     std::vector<TensorEntry> entries(1);
     entries[0].name = std::move(call_name);
+    entries[0].process_set_id = process_set_id_;
     entries[0].type = CollectiveType::kBarrier;
     entries[0].done = [completion](const Status& s) { completion->EntryDone(s); };
     Submit(ctx, std::move(entries), completion, done);

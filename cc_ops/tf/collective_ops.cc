@@ -4,7 +4,8 @@
 // The name ranks match a collective by is the last input, not an attribute:
 // TensorFlow keeps one eager kernel per distinct attribute set forever, so a
 // name attribute cost ~36 KB per distinct name for the life of the process.
-// An empty name means the node's own name (graphs).
+// An empty name means the node's own name (graphs). `process_set_id` names
+// the ranks that take part (0: all); ranks and sizes are then the set's.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -45,6 +46,7 @@ REGISTER_OP("SmdistAllreduce")
     .Attr("postscale_factor: float = 1.0")
     .Attr("run_inline: bool = false")
     .Attr("compression: {'none', 'fp16', 'bf16'} = 'none'")
+    .Attr("process_set_id: int = 0")
     .Input("tensors: T")
     .Input("tensor_name: string")
     .Output("outputs: T")
@@ -57,6 +59,7 @@ REGISTER_OP("SmdistAllreduce")
 REGISTER_OP("SmdistBroadcast")
     .Attr("T: list({bool, uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double})")
     .Attr("root_rank: int")
+    .Attr("process_set_id: int = 0")
     .Input("tensors: T")
     .Input("tensor_name: string")
     .Output("outputs: T")
@@ -66,6 +69,7 @@ REGISTER_OP("SmdistBroadcast")
 
 REGISTER_OP("SmdistAllgather")
     .Attr("T: {bool, uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double}")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Output("output: T")
@@ -75,6 +79,7 @@ REGISTER_OP("SmdistAllgather")
 
 REGISTER_OP("SmdistAlltoall")
     .Attr("T: {bool, uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double}")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Input("splits: int64")
     .Input("tensor_name: string")
@@ -93,6 +98,7 @@ REGISTER_OP("SmdistReducescatter")
     .Attr("reduce_op: int")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Output("output: T")
@@ -101,6 +107,7 @@ REGISTER_OP("SmdistReducescatter")
     .Doc("Reduces across ranks and keeps this rank's block of the first dimension.");
 
 REGISTER_OP("SmdistBarrier")
+    .Attr("process_set_id: int = 0")
     .Input("tensor_name: string")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine.h"
+#include "tf_engine_bridge.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -30,18 +31,17 @@ class TopologyKernel : public OpKernel {
     Engine& engine = Engine::Instance();
     OP_REQUIRES(ctx, engine.initialized(),
                 absl::FailedPreconditionError("smdist_tf has not been initialized: call smdist_tf.init() first"));
-    // Only the global process set (id 0) exists until process sets land.
-    OP_REQUIRES(ctx, process_set_id_ == 0,
-                absl::InvalidArgumentError("process set " + std::to_string(process_set_id_) +
-                                           " does not exist: only the global set (id 0) is supported"));
+    ProcessSetMembership set;
+    const Status known = engine.Membership(process_set_id_, &set);
+    OP_REQUIRES(ctx, known.ok(), tf_bridge::ToTfStatus(known));
     const Topology t = engine.topology();
     int32_t value = 0;
     switch (kField) {
       case TopologyField::kRank: value = t.rank; break;
-      case TopologyField::kSize: value = t.size; break;
+      case TopologyField::kSize: value = static_cast<int32_t>(set.ranks.size()); break;
       case TopologyField::kLocalRank: value = t.local_rank; break;
       case TopologyField::kLocalSize: value = t.local_size; break;
-      case TopologyField::kProcessSetIncluded: value = 1; break;
+      case TopologyField::kProcessSetIncluded: value = set.rank >= 0 ? 1 : 0; break;
     }
     tensorflow::Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({}), &out));

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import tensorflow as tf
 
 from smdist_tf import _compat
 from smdist_tf.collectives import allgather, grouped_allreduce
 from smdist_tf.compression import Compression, Compressor
+from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average, Sum
 from smdist_tf.runtime import size
 
@@ -31,8 +32,14 @@ def local_value(value: Any) -> Any:
     return value
 
 
-def reduce_flat(reduce_op: Any, flat: list, compression: type[Compressor] = Compression.none) -> list:
-    """Reduces a flat list of tensors / ``IndexedSlices`` over all ranks in one fused request."""
+def group_size(process_set: Optional[ProcessSet]) -> int:
+    """The number of replicas: all ranks, or the process set's members."""
+    return size() if process_set is None else process_set.size()
+
+
+def reduce_flat(reduce_op: Any, flat: list, compression: type[Compressor] = Compression.none,
+                process_set: Optional[ProcessSet] = None) -> list:
+    """Reduces a flat list of tensors / ``IndexedSlices`` over all ranks (or a set's) in one fused request."""
     op = _engine_op(reduce_op)
     tensors, restore = [], []
     for item in flat:
@@ -55,10 +62,11 @@ def reduce_flat(reduce_op: Any, flat: list, compression: type[Compressor] = Comp
     # Integers cannot be averaged in place: sum, then divide like TF does.
     integer = [not isinstance(t, tf.IndexedSlices) and t.dtype.is_integer for t in tensors]
     if op == Average and any(integer):
-        reduced = [_divide(r, size()) for r in grouped_allreduce(tensors, op=Sum)]
+        reduced = [_divide(r, group_size(process_set))
+                   for r in grouped_allreduce(tensors, op=Sum, process_set=process_set)]
     else:
         float_compression = compression if not any(integer) else Compression.none
-        reduced = grouped_allreduce(tensors, op=op, compression=float_compression)
+        reduced = grouped_allreduce(tensors, op=op, compression=float_compression, process_set=process_set)
     return [tf.cast(r, dtype) if dtype is not None else r for r, dtype in zip(reduced, restore)]
 
 
@@ -70,13 +78,13 @@ def _divide(value: Any, n: int) -> Any:
     return value / tf.cast(n, value.dtype)
 
 
-def gather_tensor(value: tf.Tensor, axis: int) -> tf.Tensor:
+def gather_tensor(value: tf.Tensor, axis: int, process_set: Optional[ProcessSet] = None) -> tf.Tensor:
     """Concatenates every rank's ``value`` along ``axis`` (allgather works on axis 0)."""
     value = tf.convert_to_tensor(value)
     if value.shape.rank == 0 or axis == 0:
-        return allgather(value)
+        return allgather(value, process_set=process_set)
     perm = [axis] + [i for i in range(value.shape.rank) if i != axis]
-    gathered = allgather(tf.transpose(value, perm))
+    gathered = allgather(tf.transpose(value, perm), process_set=process_set)
     inverse = [perm.index(i) for i in range(len(perm))]
     return tf.transpose(gathered, inverse)
 
@@ -93,28 +101,35 @@ class SmdistCrossDeviceOps(tf.distribute.CrossDeviceOps):
 
     Args:
         compression: wire compression for floating-point reductions.
+        process_set: the ``ProcessSet`` whose members are the replicas (``None``: all ranks).
     """
 
-    def __init__(self, compression: type[Compressor] = Compression.none) -> None:
+    def __init__(self, compression: type[Compressor] = Compression.none,
+                 process_set: Optional[ProcessSet] = None) -> None:
         super().__init__()
         self._compression = compression
+        self.process_set = process_set
 
     @property
     def _num_between_graph_workers(self) -> int:
         # Above 1 the base class never short-cuts a single local value without communicating.
-        return max(size(), 2)
+        return max(group_size(self.process_set), 2)
 
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
-        (reduced,) = reduce_flat(reduce_op, [local_value(per_replica_value)], self._compression)
+        (reduced,) = self.reduce(reduce_op, [local_value(per_replica_value)])
         return _as_mirrored(reduced)
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
         flat = [local_value(value) for value, _ in value_destination_pairs]
-        return [_as_mirrored(r) for r in reduce_flat(reduce_op, flat, self._compression)]
+        return [_as_mirrored(r) for r in self.reduce(reduce_op, flat)]
 
     def _gather_implementation(self, per_replica_value, destinations, axis, options):
-        return _as_mirrored(gather_tensor(local_value(per_replica_value), axis))
+        return _as_mirrored(gather_tensor(local_value(per_replica_value), axis, self.process_set))
 
     def _all_reduce(self, reduce_op, value, replica_id, options):
         flat = tf.nest.flatten(value, expand_composites=False)
-        return tf.nest.pack_sequence_as(value, reduce_flat(reduce_op, flat, self._compression))
+        return tf.nest.pack_sequence_as(value, self.reduce(reduce_op, flat))
+
+    def reduce(self, reduce_op: Any, flat: list) -> list:
+        """:func:`reduce_flat` with this object's compression and process set."""
+        return reduce_flat(reduce_op, flat, self._compression, self.process_set)

@@ -1,6 +1,7 @@
 """``DataParallelExtended``: the StrategyExtended behind ``DataParallelStrategy``.
 
-One replica per process (rank r is replica r); every cross-replica operation goes
+One replica per process (rank r is replica r; on a process set, its members in rank
+order are the replicas); every cross-replica operation goes
 through ``SmdistCrossDeviceOps``. Builds on TF's MirroredExtended for variables,
 updates and input pipelines, and overrides what must span processes.
 """
@@ -13,7 +14,7 @@ import tensorflow as tf
 
 from smdist_tf import _compat
 from smdist_tf.collectives import broadcast
-from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps, gather_tensor, local_value, reduce_flat
+from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps, gather_tensor, local_value
 from smdist_tf.runtime import local_rank, rank, size
 
 _BROADCASTABLE = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.bool)
@@ -35,17 +36,22 @@ class DataParallelExtended(_compat.MirroredExtended):
         # Whatever TF would pick for XLA or int32 values, ours is the only one that spans processes.
         self._collective_ops = cross_device_ops
         self._cluster_resolver = None
+        process_set = cross_device_ops.process_set
+        # Replicas are all ranks, or the process set's members in rank order.
+        self._replica = rank() if process_set is None else process_set.rank()
+        self._replicas = size() if process_set is None else process_set.size()
+        self._first_rank = 0 if process_set is None else process_set.ranks[0]
 
     # --- topology -------------------------------------------------------------------------------
     @property
     def _num_replicas_in_sync(self) -> int:
-        return size()
+        return self._replicas
 
     def _get_replica_id_in_sync_group(self, replica_id: int) -> int:
-        return rank() + replica_id
+        return self._replica + replica_id
 
     def _get_local_replica_id(self, replica_id_in_sync_group: int) -> int:
-        return replica_id_in_sync_group - rank()
+        return replica_id_in_sync_group - self._replica
 
     def _in_multi_worker_mode(self) -> bool:
         # Makes TF's distributed iterators agree every step on whether any rank still has
@@ -58,11 +64,11 @@ class DataParallelExtended(_compat.MirroredExtended):
 
     @property
     def should_checkpoint(self) -> bool:
-        return rank() == 0
+        return self._replica == 0
 
     @property
     def should_save_summary(self) -> bool:
-        return rank() == 0
+        return self._replica == 0
 
     def _use_merge_call(self) -> bool:
         # merge_call cannot run inside tf.cond (Keras gradient accumulation); one replica needs none.
@@ -89,17 +95,18 @@ class DataParallelExtended(_compat.MirroredExtended):
             if isinstance(value, _compat.CheckpointInitialValue):
                 value = value.wrapped_value
             value = tf.convert_to_tensor(value, dtype=dtype)
-            if size() == 1 or value.dtype not in _BROADCASTABLE:
+            if self._replicas == 1 or value.dtype not in _BROADCASTABLE:
                 return value
-            # Every rank starts from rank 0's value, whatever its own random seed.
+            # Every replica starts from the first one's value, whatever its own random seed.
             with tf.device(device):
-                return broadcast(value, root_rank=0)
+                return broadcast(value, root_rank=self._first_rank, process_set=self._cross_device_ops.process_set)
 
         return from_rank_zero
 
     # --- input ----------------------------------------------------------------------------------
     def _input_context(self) -> tf.distribute.InputContext:
-        return tf.distribute.InputContext(num_input_pipelines=size(), input_pipeline_id=rank(), num_replicas_in_sync=size())
+        return tf.distribute.InputContext(num_input_pipelines=self._replicas, input_pipeline_id=self._replica,
+                                          num_replicas_in_sync=self._replicas)
 
     def _experimental_distribute_dataset(self, dataset: tf.data.Dataset, options: Any) -> Any:
         if options and options.experimental_replication_mode == tf.distribute.InputReplicationMode.PER_REPLICA:
@@ -108,7 +115,7 @@ class DataParallelExtended(_compat.MirroredExtended):
             dataset,
             self._input_workers_with_options(options),
             self._container_strategy(),
-            num_replicas_in_sync=size(),
+            num_replicas_in_sync=self._replicas,
             input_context=self._input_context(),
             options=options,
         )
@@ -123,7 +130,8 @@ class DataParallelExtended(_compat.MirroredExtended):
         )
 
     def _experimental_distribute_values_from_function(self, value_fn: Any) -> Any:
-        context = tf.distribute.experimental.ValueContext(replica_id_in_sync_group=rank(), num_replicas_in_sync=size())
+        context = tf.distribute.experimental.ValueContext(replica_id_in_sync_group=self._replica,
+                                                          num_replicas_in_sync=self._replicas)
         return _compat.regroup((value_fn(context),))
 
     # --- communication --------------------------------------------------------------------------
@@ -133,7 +141,7 @@ class DataParallelExtended(_compat.MirroredExtended):
             return value  # already identical everywhere
         # Plain tensors count as this rank's replica value (graph tensors captured
         # outside strategy.run come with empty destinations, which TF's checks reject).
-        reduced = reduce_flat(reduce_op, [local_value(v) for v in flat], self._cross_device_ops._compression)
+        reduced = self._cross_device_ops.reduce(reduce_op, [local_value(v) for v in flat])
         return tf.nest.pack_sequence_as(value, reduced)
 
     def _batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any) -> list:
@@ -141,7 +149,8 @@ class DataParallelExtended(_compat.MirroredExtended):
         return self._reduce_to(reduce_op, values, None, options)
 
     def _gather_to_implementation(self, value: Any, destinations: Any, axis: int, options: Any) -> Any:
-        return tf.nest.map_structure(lambda v: gather_tensor(local_value(v), axis), value)
+        process_set = self._cross_device_ops.process_set
+        return tf.nest.map_structure(lambda v: gather_tensor(local_value(v), axis, process_set), value)
 
     def _replica_ctx_all_reduce(self, reduce_op: Any, value: Any, options: Any = None) -> Any:
         # One replica per process: no merge_call, in eager mode too.

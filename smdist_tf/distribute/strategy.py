@@ -6,11 +6,12 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from smdist_tf import _compat
+from smdist_tf import _compat, process_sets as _process_sets
 from smdist_tf.compression import Compression, Compressor
 from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps
 from smdist_tf.distribute.extended import DataParallelExtended
 from smdist_tf.distribute.predict_on_batch import install_local_predict_on_batch
+from smdist_tf.process_sets import ProcessSet
 from smdist_tf.runtime import init, is_initialized, rank
 
 
@@ -42,12 +43,25 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             (``Compression.none``, ``.fp16`` or ``.bf16``).
         progress_on_rank_zero_only: route Keras' progress bars and messages on the other
             ranks to absl logging (hidden by default), so one rank prints them.
+        process_set: train over this ``ProcessSet``'s members only (its first rank plays
+            rank 0's part); other ranks may train other models at the same time. Its
+            members must hold equally many batches (the uneven-data join spans all ranks).
+
+    Raises:
+        ValueError: when this rank is not a member of ``process_set`` or it is not registered.
     """
 
-    def __init__(self, compression: type[Compressor] = Compression.none, progress_on_rank_zero_only: bool = True) -> None:
+    def __init__(self, compression: type[Compressor] = Compression.none, progress_on_rank_zero_only: bool = True,
+                 process_set: Optional[ProcessSet] = None) -> None:
         if not is_initialized():
             init()
-        tf.distribute.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression)))
+        if process_set is not None:
+            _process_sets.process_set_id(process_set)  # registered?
+            if not process_set.included():
+                raise ValueError(f"rank {rank()} is not a member of {process_set}: only its members may use "
+                                 "DataParallelStrategy(process_set=...)")
+        self._process_set = process_set
+        tf.distribute.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression, process_set)))
         import keras  # only needed from here on
 
         from smdist_tf.keras.loss_scale import install_finite_agreement
@@ -56,8 +70,14 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         install_finite_agreement()
         install_uneven_data_support()
         install_local_predict_on_batch()
-        if progress_on_rank_zero_only and rank() != 0:
+        first_replica = (rank() if process_set is None else process_set.rank()) == 0
+        if progress_on_rank_zero_only and not first_replica:
             keras.config.disable_interactive_logging()
+
+    @property
+    def process_set(self) -> Optional[ProcessSet]:
+        """The ``ProcessSet`` this strategy trains over, or ``None`` for all ranks."""
+        return self._process_set
 
     @property
     def cluster_resolver(self) -> None:

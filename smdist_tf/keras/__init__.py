@@ -17,7 +17,8 @@ from typing import Any
 
 # Horovod's Keras module re-exports these from horovod.tensorflow: the very objects of smdist_tf.
 _FROM_SMDIST_TF = (
-    "Adasum", "Average", "Compression", "Max", "Min", "Product", "Sum", "allgather_object", "broadcast_object",
+    "Adasum", "Average", "Compression", "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set",
+    "allgather_object", "broadcast_object", "global_process_set", "remove_process_set",
     "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "init",
     "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
     "rank", "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",

@@ -14,6 +14,7 @@ from smdist_tf.collectives import broadcast_variables, grouped_allreduce
 # Re-exported: Horovod's callbacks module has them.
 from smdist_tf.keras.checkpoint_callbacks import BestModelCheckpoint  # noqa: F401
 from smdist_tf.keras.schedule_callbacks import LearningRateScheduleCallback  # noqa: F401
+from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
 from smdist_tf.runtime import rank, size
 
@@ -26,40 +27,52 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Args:
         root_rank: the rank whose values everyone takes.
+        process_set: broadcast only among this ``ProcessSet``'s members (``root_rank`` one of them).
     """
 
-    def __init__(self, root_rank: int = 0) -> None:
+    def __init__(self, root_rank: int = 0, process_set: Optional[ProcessSet] = None) -> None:
         super().__init__()
         self.root_rank = root_rank
+        self.process_set = process_set
         self._done = False
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
         if self.model.built:
-            broadcast_variables(self.model.variables, root_rank=self.root_rank)
+            broadcast_variables(self.model.variables, root_rank=self.root_rank, process_set=self.process_set)
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         if self._done:
             return
-        broadcast_variables(list(self.model.variables) + list(self.model.optimizer.variables), root_rank=self.root_rank)
+        broadcast_variables(list(self.model.variables) + list(self.model.optimizer.variables), root_rank=self.root_rank,
+                            process_set=self.process_set)
         self._done = True
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Replaces each numeric epoch-end log value by its average over all ranks.
+    """Replaces each numeric epoch-end log value by its average over all ranks (or a process set's).
 
     Keras runs user callbacks before its progress bar and History, so those see the
     averages. Keys are reduced in sorted order in one request, so every rank must log
     the same keys.
+
+    Args:
+        process_set: average only over this ``ProcessSet``'s members.
     """
 
+    def __init__(self, process_set: Optional[ProcessSet] = None) -> None:
+        super().__init__()
+        self.process_set = process_set
+
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
-        if logs is None or size() == 1:
+        ranks = size() if self.process_set is None else self.process_set.size()
+        if logs is None or ranks == 1:
             return
         keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float)) or (hasattr(v, "shape") and len(getattr(v, "shape", ())) == 0))
         if not keys:
             return
         values = [tf.constant(float(logs[k]), tf.float64) for k in keys]
-        averaged = grouped_allreduce(values, op=Average, name=f"smdist.metric_average.{epoch}")
+        averaged = grouped_allreduce(values, op=Average, name=f"smdist.metric_average.{epoch}",
+                                     process_set=self.process_set)
         for k, v in zip(keys, averaged):
             logs[k] = float(v.numpy())
 

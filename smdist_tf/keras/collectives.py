@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from smdist_tf import collectives
 from smdist_tf.compression import Compression, Compressor
+from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
 
 
@@ -26,6 +27,7 @@ def allreduce(
     postscale_factor: float = 1.0,
     op: Optional[int] = None,
     compression: type[Compressor] = Compression.none,
+    process_set: Optional[ProcessSet] = None,
 ) -> tf.Tensor:
     """Reduces ``value`` over all ranks; every rank receives the result.
 
@@ -37,12 +39,14 @@ def allreduce(
         postscale_factor: multiplies the result after the reduction (and averaging).
         op: ``Average`` (when ``None``), ``Sum``, ``Min``, ``Max`` or ``Product``.
         compression: ``Compression.none``, ``.fp16`` or ``.bf16``.
+        process_set: reduce over this ``ProcessSet`` only (``None``: all ranks).
 
     Returns:
         The reduced tensor (``.numpy()`` gives an array), same shape and dtype as ``value``.
     """
     return collectives.allreduce(value, average=average, compression=compression, op=op,
-                                 prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name)
+                                 prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name,
+                                 process_set=process_set)
 
 
 def grouped_allreduce(
@@ -53,6 +57,7 @@ def grouped_allreduce(
     postscale_factor: float = 1.0,
     op: Optional[int] = None,
     compression: type[Compressor] = Compression.none,
+    process_set: Optional[ProcessSet] = None,
 ) -> list[tf.Tensor]:
     """Reduces a list of values as one fused request; arguments as for :func:`allreduce`.
 
@@ -61,33 +66,35 @@ def grouped_allreduce(
     """
     return collectives.grouped_allreduce(values, average=average, compression=compression, op=op,
                                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                                         name=name)
+                                         name=name, process_set=process_set)
 
 
-def allgather(value: Any, name: Optional[str] = None) -> tf.Tensor:
+def allgather(value: Any, name: Optional[str] = None, process_set: Optional[ProcessSet] = None) -> tf.Tensor:
     """Concatenates every rank's ``value`` along dimension 0, in rank order.
 
     Dimension 0 may differ between ranks; the others must match. A scalar counts as a
     vector of one element.
     """
-    return collectives.allgather(value, name=name)
+    return collectives.allgather(value, name=name, process_set=process_set)
 
 
-def broadcast(value: Any, root_rank: int, name: Optional[str] = None) -> tf.Tensor:
+def broadcast(value: Any, root_rank: int, name: Optional[str] = None,
+              process_set: Optional[ProcessSet] = None) -> tf.Tensor:
     """Returns ``root_rank``'s ``value`` on every rank (same shape and dtype everywhere)."""
-    return collectives.broadcast(value, root_rank, name=name)
+    return collectives.broadcast(value, root_rank, name=name, process_set=process_set)
 
 
-def reducescatter(value: Any, name: Optional[str] = None, op: int = Average) -> tf.Tensor:
+def reducescatter(value: Any, name: Optional[str] = None, op: int = Average,
+                  process_set: Optional[ProcessSet] = None) -> tf.Tensor:
     """Reduces ``value`` over all ranks and returns this rank's block of dimension 0.
 
     With ``d`` rows and ``n`` ranks, rank ``r`` gets ``d // n`` rows, plus one if ``r < d % n``.
     """
-    return collectives.reducescatter(value, op=op, name=name)
+    return collectives.reducescatter(value, op=op, name=name, process_set=process_set)
 
 
-def alltoall(value: Any, splits: Optional[Any] = None,
-             name: Optional[str] = None) -> Union[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
+def alltoall(value: Any, splits: Optional[Any] = None, name: Optional[str] = None,
+             process_set: Optional[ProcessSet] = None) -> Union[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
     """Sends ``splits[r]`` rows of ``value`` (in order) to rank ``r`` and receives theirs.
 
     Without ``splits``, dimension 0 is divided equally over the ranks.
@@ -95,7 +102,7 @@ def alltoall(value: Any, splits: Optional[Any] = None,
     Returns:
         The received rows in rank order; with ``splits`` given, ``(received, received_splits)``.
     """
-    return collectives.alltoall(value, splits=splits, name=name)
+    return collectives.alltoall(value, splits=splits, name=name, process_set=process_set)
 
 
 def broadcast_global_variables(root_rank: int, model: Optional[keras.Model] = None) -> Any:

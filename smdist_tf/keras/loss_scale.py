@@ -3,7 +3,8 @@
 LossScaleOptimizer checks ``isfinite`` on this rank's gradients and then takes one
 of two ``tf.cond`` branches, only one of which communicates. If a single rank
 overflows, ranks would take different branches and their collectives would
-mis-pair (or hang). We AND the flag over all ranks (allreduce-MIN) first.
+mis-pair (or hang). We AND the flag over the ranks that reduce together (all, or
+the optimizer's process set) with an allreduce-MIN first.
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from smdist_tf.runtime import size
 _installed = False
 
 
-def _spans_ranks(optimizer: Any) -> bool:
-    """True when this LossScaleOptimizer's branches issue collectives over all ranks."""
+def _reducing_ranks(optimizer: Any) -> tuple[bool, Any]:
+    """Whether this LossScaleOptimizer's branches issue collectives, and over which process set."""
     from smdist_tf.distribute.strategy import DataParallelStrategy
 
-    if isinstance(tf.distribute.get_strategy(), DataParallelStrategy):
-        return True
-    return bool(getattr(getattr(optimizer, "inner_optimizer", None), "_smdist_reduces_in_apply", False))
+    strategy = tf.distribute.get_strategy()
+    if isinstance(strategy, DataParallelStrategy):
+        return True, strategy.process_set
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if getattr(inner, "_smdist_reduces_in_apply", False):
+        return True, inner._smdist_settings.get("process_set")
+    return False, None
 
 
 def install_finite_agreement() -> None:
@@ -40,8 +45,9 @@ def install_finite_agreement() -> None:
 
     def check_finite(self: Any, grads: Any) -> Any:
         finite = local_check(self, grads)
-        if size() > 1 and _spans_ranks(self):
-            agreed = allreduce(tf.cast(finite, tf.int32), op=Min, name=None)
+        reduces, process_set = _reducing_ranks(self)
+        if reduces and size() > 1:
+            agreed = allreduce(tf.cast(finite, tf.int32), op=Min, name=None, process_set=process_set)
             finite = tf.greater(agreed, 0)
         return finite
 

@@ -11,6 +11,7 @@ from smdist_tf.compression import Compression, Compressor
 from smdist_tf.gradient_tape import DistributedGradientTape
 from smdist_tf.keras.loss_scale import install_finite_agreement
 from smdist_tf.keras.uneven_data import install_uneven_data_support
+from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
 
 
@@ -68,6 +69,7 @@ class _DistributedApply:
             gradient_predivide_factor=s["gradient_predivide_factor"],
             num_groups=s["num_groups"],
             groups=s["groups"],
+            process_set=s["process_set"],
             scale_local_gradients=s["scale_local_gradients"],
         )
         for var in self.smdist_local_sources().resolved():
@@ -129,7 +131,7 @@ def DistributedOptimizer(
     average_aggregated_gradients: bool = False,
     num_groups: int = 0,
     groups: Optional[Sequence[Sequence[Any]]] = None,
-    process_set: Any = None,
+    process_set: Optional[ProcessSet] = None,
     scale_local_gradients: bool = True,
 ) -> keras.optimizers.Optimizer:
     """Returns a copy of a Keras 3 ``optimizer`` that averages gradients over all ranks before applying them.
@@ -156,22 +158,29 @@ def DistributedOptimizer(
         average_aggregated_gradients: divide the accumulated gradients by ``backward_passes_per_step``.
         num_groups: split the gradients into this many fused requests (0: one).
         groups: explicit grouping of variables into fused requests.
-        process_set: only ``None`` (all ranks) is supported.
+        process_set: the ``ProcessSet`` to average over (``None``: all ranks). Only its
+            members may train with the optimizer; ``fit`` then needs equal batch counts
+            on them (the uneven-data join spans all ranks).
         scale_local_gradients: divide the gradients of variables passed to the result's
             ``register_local_var`` (which are not reduced) by ``size()``, as Horovod does.
 
     Returns:
         The distributed optimizer.
+
+    Raises:
+        TypeError: ``optimizer`` is not a Keras 3 optimizer.
+        ValueError: a bad argument, or a ``tf.distribute`` strategy scope is active.
     """
-    if process_set is not None:
-        raise NotImplementedError("process sets are not supported yet: gradients are reduced over all ranks")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer takes a Keras 3 optimizer, got {type(optimizer).__name__} "
+                        "(tf.compat.v1.train optimizers are not supported; see docs/migrate-from-horovod.md)")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be >= 1")
     if tf.distribute.has_strategy() and tf.distribute.get_strategy().num_replicas_in_sync > 1:
         raise ValueError("DistributedOptimizer reduces by itself; do not use it inside a tf.distribute strategy scope")
     # Validates op / predivide the same way the tape does, on every rank alike.
     DistributedGradientTape(None, compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
-                            num_groups=num_groups)
+                            num_groups=num_groups, process_set=process_set)
     install_finite_agreement()
     install_uneven_data_support()
     base = type(optimizer)
@@ -185,6 +194,7 @@ def DistributedOptimizer(
         backward_passes_per_step=int(backward_passes_per_step),
         average_aggregated_gradients=average_aggregated_gradients,
         scale_local_gradients=scale_local_gradients,
+        process_set=process_set,
     )
     cls = type(base.__name__, (_DistributedApply, base), {"_smdist_settings": settings, "__module__": base.__module__})
     config = optimizer.get_config()

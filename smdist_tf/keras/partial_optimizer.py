@@ -8,6 +8,7 @@ import keras
 
 from smdist_tf.compression import Compression, Compressor
 from smdist_tf.keras.optimizer import DistributedOptimizer
+from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
 
 
@@ -23,7 +24,7 @@ def PartialDistributedOptimizer(
     backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = False,
     groups: Optional[Sequence[Sequence[Any]]] = None,
-    process_set: Any = None,
+    process_set: Optional[ProcessSet] = None,
     local_layers: Union[keras.layers.Layer, Sequence[keras.layers.Layer], None] = None,
     scale_local_gradients: bool = True,
 ) -> keras.optimizers.Optimizer:
@@ -47,7 +48,7 @@ def PartialDistributedOptimizer(
         backward_passes_per_step: accumulate this many local gradients before each update.
         average_aggregated_gradients: divide the accumulated gradients by ``backward_passes_per_step``.
         groups: explicit grouping of variables into fused requests.
-        process_set: only ``None`` (all ranks) is supported.
+        process_set: the ``ProcessSet`` to average over (``None``: all ranks).
         local_layers: a Keras layer or a sequence of them.
         scale_local_gradients: divide the local gradients by ``size()``, as Horovod does.
 
@@ -56,7 +57,6 @@ def PartialDistributedOptimizer(
 
     Raises:
         ValueError: when ``local_layers`` holds something that is not a Keras layer.
-        NotImplementedError: for a ``process_set`` other than ``None``.
     """
     if local_layers is None:
         layers = []

@@ -49,15 +49,20 @@ def _under_strategy(model: Any) -> bool:
 
 
 def _steps_are_collective(model: Any) -> bool:
-    """True when every training step of ``model`` communicates with the other ranks."""
+    """True when every training step of ``model`` communicates with all the other ranks.
+
+    Not for a ``DistributedOptimizer`` on a process set: ``join()`` spans every rank, so
+    such a model's ranks must hold equal batch counts (as in Horovod).
+    """
     if not _multi_rank():
         return False
     if _under_strategy(model):
-        return True
+        return model.distribute_strategy.process_set is None
     optimizer = getattr(model, "optimizer", None)
     # A LossScaleOptimizer (mixed precision) wraps the DistributedOptimizer.
     inner = getattr(optimizer, "inner_optimizer", optimizer)
-    return bool(getattr(inner, "_smdist_reduces_in_apply", False))
+    reduces = bool(getattr(inner, "_smdist_reduces_in_apply", False))
+    return reduces and inner._smdist_settings.get("process_set") is None
 
 
 class _EpochSync(keras.callbacks.Callback):
@@ -138,7 +143,7 @@ def _prepare_fit(model: Any, callbacks: Any) -> tuple[Any, Optional[_EpochSync]]
 def _loop_end(model: Any, loop: str, sync: Optional[_EpochSync]) -> None:
     if sync is not None:
         sync.end_of_training_loop()
-    elif loop == "evaluate" and _multi_rank() and _under_strategy(model):
+    elif loop == "evaluate" and _multi_rank() and _under_strategy(model) and model.distribute_strategy.process_set is None:
         join()  # the metric reads that follow are collectives
 
 

@@ -173,8 +173,7 @@ class PipelineModel(keras.Model):
                             for st in self._variable_stages[id(variable)]))
 
     def _plan(self, variables: list, local: list) -> GroupPlan:
-        return GroupPlan([self._holders(v) for v in variables], [tf.as_dtype(v.dtype) for v in variables],
-                         [tuple(v.shape) for v in variables], local, sd.rank(), sd.size())
+        return GroupPlan([self._holders(v) for v in variables], local)
 
     def _materialize(self, scope: Optional[keras.StatelessScope]) -> None:
         """Gives this stage's variables values (same on all their holders) and no others."""

@@ -89,6 +89,19 @@ class AllreduceTest(tf.test.TestCase):
             if op != sd.Min:
                 self.assertEqual(out[0], np.inf)
 
+    def test_narrow_integer_sums_wrap_around_as_tensorflow_does(self):
+        # Open MPI's AVX reduction saturates 8/16-bit sums (int8 100 + 100 -> 127); TF wraps.
+        for dtype in (np.int8, np.uint8, np.int16, np.uint16):
+            big = np.iinfo(dtype).max - 3
+            for count in (17, 300_000):  # small ones travel through MPI, large ones through shared memory
+                x = np.full([count], big, dtype)
+                want = tf.add_n([tf.constant(x)] * SIZE).numpy()
+                for op, expected in ((sd.Sum, want), (sd.Product, None)):
+                    got = sd.allreduce(tf.constant(x), op=op, name=f"wrap.{op}.{np.dtype(dtype).name}.{count}").numpy()
+                    if expected is None:
+                        expected = np.full([count], np.prod(np.full([SIZE], big, dtype), dtype=dtype), dtype)
+                    self.assertAllEqual(got, expected, msg=f"{np.dtype(dtype).name} x{count} op {op}")
+
     def test_zero_size_tensor(self):
         out = sd.allreduce(tf.zeros([0, 3]), op=sd.Sum)
         self.assertEqual(out.shape, (0, 3))
@@ -334,7 +347,7 @@ class TopologyOpsTest(tf.test.TestCase):
 
     def test_unknown_process_set_raises(self):
         for op in (sd.size_op, sd.process_set_included_op):
-            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "process set 3 does not exist"):
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "process set 3 is not registered"):
                 op(process_set_id=3)
 
 

@@ -150,7 +150,7 @@ class PointToPointTest(tf.test.TestCase):
 
 
 class GroupExchangeTest(tf.test.TestCase):
-    """Sums and broadcasts within groups of ranks (gradient sync, initial weights) through two alltoalls."""
+    """Sums and broadcasts within groups of ranks (gradient sync, initial weights), each group a process set."""
 
     SPECS = [  # (holders, dtype, shape)
         ((0, 1), tf.float32, (3, 5)),
@@ -168,23 +168,27 @@ class GroupExchangeTest(tf.test.TestCase):
 
     def test_sum_and_broadcast_within_groups(self):
         mine = [k for k, (holders, _, _) in enumerate(self.SPECS) if RANK in holders]
-        # One round per group, and rounds of 8 bytes (variables split across many rounds).
-        for bucket in (64 << 20, 8):
-            plan = GroupPlan([h for h, _, _ in self.SPECS], [d for _, d, _ in self.SPECS],
-                             [s for _, _, s in self.SPECS],
-                             [mine.index(k) if k in mine else None for k in range(len(self.SPECS))], RANK, SIZE,
-                             bucket_bytes=bucket)
-            self.assertEqual(plan.rounds, 1 if bucket > 8 else 8)  # largest group: 15 float32, 2 per round
-            values = [self.value(k, RANK) for k in mine]
-            summed = plan.reduce(values, postscale=0.5)
-            first = plan.broadcast(values)
-            for got_sum, got_first, k in zip(summed, first, mine):
-                holders, dtype, shape = self.SPECS[k]
-                want = tf.add_n([tf.cast(self.value(k, r), tf.float64) for r in holders])
-                want = want * 0.5 if len(holders) > 1 else want
-                self.assertEqual((got_sum.dtype, tuple(got_sum.shape)), (dtype, shape))
-                self.assertAllClose(tf.cast(got_sum, tf.float64), want, msg=f"sum {k}, bucket {bucket}")
-                self.assertAllEqual(got_first, self.value(k, holders[0]), msg=f"broadcast {k}, bucket {bucket}")
+        plan = GroupPlan([h for h, _, _ in self.SPECS], [mine.index(k) if k in mine else None for k in range(len(self.SPECS))])
+        groups = sorted({h for h, _, _ in self.SPECS if len(h) > 1})
+        self.assertEqual(sorted(plan.sets), groups)
+        self.assertEqual([plan.sets[g].ranks for g in groups], [list(g) for g in groups])
+        values = [self.value(k, RANK) for k in mine]
+        summed = plan.reduce(values, postscale=0.5)
+        first = plan.broadcast(values)
+        for got_sum, got_first, k in zip(summed, first, mine):
+            holders, dtype, shape = self.SPECS[k]
+            want = tf.add_n([tf.cast(self.value(k, r), tf.float64) for r in holders])
+            if len(holders) > 1:
+                want = want * 0.5
+                if dtype.is_integer:
+                    want = tf.cast(tf.cast(want, dtype), tf.float64)  # scaled, then truncated
+            self.assertEqual((got_sum.dtype, tuple(got_sum.shape)), (dtype, shape))
+            self.assertAllClose(tf.cast(got_sum, tf.float64), want, msg=f"sum {k}")
+            self.assertAllEqual(got_first, self.value(k, holders[0]), msg=f"broadcast {k}")
+        # A second plan over the same groups reuses their sets.
+        again = GroupPlan([h for h, _, _ in self.SPECS], [None] * len(self.SPECS))
+        self.assertEqual({g: s.process_set_id for g, s in again.sets.items()},
+                         {g: s.process_set_id for g, s in plan.sets.items()})
 
     def test_bytes_round_trip_every_dtype(self):
         for dtype in (tf.bool, tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64):

@@ -17,6 +17,8 @@ namespace smdist {
 
 struct TensorEntry {
   std::string name;
+  // The process set that runs it (0: all ranks). Broadcast roots are world ranks.
+  int32_t process_set_id = 0;
   CollectiveType type = CollectiveType::kAllreduce;
   DataType dtype = DataType::kFloat32;
   std::vector<int64_t> shape;

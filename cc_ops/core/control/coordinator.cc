@@ -124,13 +124,14 @@ std::string JoinConflict(const std::string& name, const Request& first, const st
   }
 }
 
-Coordinator::Coordinator(int size, const FusionPlanner* planner, StallInspector stall_inspector,
+Coordinator::Coordinator(std::vector<int> members, const FusionPlanner* planner, StallInspector stall_inspector,
                          const ResponseCache* cache)
-    : size_(size),
+    : members_(std::move(members)),
+      size_(static_cast<int>(members_.size())),
       planner_(planner),
       stall_inspector_(std::move(stall_inspector)),
       cache_(cache),
-      joined_(size, false) {}
+      joined_(size_, false) {}
 
 void Coordinator::Add(const RequestList& list, int rank) {
   if (list.shutdown && !shutdown_) {
@@ -257,7 +258,7 @@ ResponseList Coordinator::BuildResponses() {
   std::vector<PendingCollective> pending;
   if (stall_inspector_.MayAct(std::chrono::duration<double>(now - oldest).count())) {
     for (const auto& kv : table_) {
-      pending.push_back({kv.first, kv.second.seen,
+      pending.push_back({kv.first, kv.second.seen, members_,
                          std::chrono::duration<double>(now - kv.second.first_seen).count()});
     }
   }
@@ -277,7 +278,7 @@ ResponseList Coordinator::BuildResponses() {
     out.shutdown = true;
     if (out.shutdown_error.empty()) {
       out.shutdown_error = "smdist_tf was shut down (shutdown() called on rank " +
-                           std::to_string(shutdown_rank_) + ")";
+                           std::to_string(members_[shutdown_rank_]) + ")";
     }
   }
   return out;

@@ -24,8 +24,9 @@ class Coordinator {
  public:
   // `cache` (may be null) is rank 0's copy of the response cache, identical
   // to every rank's: a fresh request for a cached name evicts it everywhere.
-  // `planner` fuses ready allreduces.
-  Coordinator(int size, const FusionPlanner* planner, StallInspector stall_inspector,
+  // `planner` fuses ready allreduces. `members`: the job rank of each
+  // negotiating rank (a process set's members, or every rank), for messages.
+  Coordinator(std::vector<int> members, const FusionPlanner* planner, StallInspector stall_inspector,
               const ResponseCache* cache);
 
   void Add(const RequestList& list, int rank);
@@ -48,6 +49,7 @@ class Coordinator {
   Response ResponseFor(const std::string& name, const Pending& pending);
   void Unjoin(int rank);
 
+  std::vector<int> members_;
   int size_;
   const FusionPlanner* planner_;
   StallInspector stall_inspector_;

@@ -8,13 +8,25 @@ namespace smdist {
 namespace {
 
 std::mutex g_mu;
-std::unordered_map<std::string, uint64_t> g_next;  // g_mu: by base name
+std::unordered_map<std::string, uint64_t> g_next;  // g_mu: by base name (and process set)
 
 }  // namespace
 
-std::string NextNumberedName(const std::string& base) {
+std::string NextNumberedName(const std::string& base, int32_t process_set_id) {
+  const std::string counter = process_set_id == 0 ? base : base + "#" + std::to_string(process_set_id);
   std::lock_guard<std::mutex> lock(g_mu);
-  return base + "." + std::to_string(g_next[base]++);
+  return base + "." + std::to_string(g_next[counter]++);
+}
+
+void ResetNumberedNames(int32_t process_set_id) {
+  const std::string suffix = "#" + std::to_string(process_set_id);
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (auto it = g_next.begin(); it != g_next.end();) {
+    const std::string& key = it->first;
+    const bool of_set = key.size() > suffix.size() &&
+                        key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0;
+    it = of_set ? g_next.erase(it) : std::next(it);
+  }
 }
 
 void SkipNumberedName(const std::string& name) {

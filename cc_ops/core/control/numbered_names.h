@@ -4,6 +4,7 @@
 // such a name never recurs.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace smdist {
@@ -23,8 +24,14 @@ inline bool IsNumberedCallName(const std::string& name) {
 
 // The next call of `base` ("allreduce.noname" -> "allreduce.noname.7").
 // Process-wide and never reset, like Horovod's counters: shared by every
-// kernel of a kind (Sum and Average allreduces are different kernels). Any thread.
-std::string NextNumberedName(const std::string& base);
+// kernel of a kind (Sum and Average allreduces are different kernels); one
+// count per process set, as only a set's members make its calls. Any thread.
+std::string NextNumberedName(const std::string& base, int32_t process_set_id = 0);
+
+// Starts the counts of process set `process_set_id` (> 0) afresh: done on
+// every rank when a set takes the id, so a set that reuses a removed one's id
+// (or one from before a restart) numbers its calls from 0 on all its members.
+void ResetNumberedNames(int32_t process_set_id);
 
 // A rank inside join() takes part in the others' numbered calls without
 // making them: it moves its counter past `name` ("allreduce.noname.7.0"), so

@@ -12,12 +12,12 @@ namespace {
 // hundreds pending, and the longest waiting say enough.
 constexpr size_t kMaxNamedInWarning = 10;
 
-std::string RankList(const std::vector<bool>& seen, bool want) {
+std::string RankList(const PendingCollective& p, bool want) {
   std::string s;
-  for (size_t r = 0; r < seen.size(); ++r) {
-    if (seen[r] != want) continue;
+  for (size_t r = 0; r < p.seen.size(); ++r) {
+    if (p.seen[r] != want) continue;
     if (!s.empty()) s += ", ";
-    s += std::to_string(r);
+    s += std::to_string(p.ranks.empty() ? static_cast<int>(r) : p.ranks[r]);
   }
   return s;
 }
@@ -25,8 +25,8 @@ std::string RankList(const std::vector<bool>& seen, bool want) {
 }  // namespace
 
 std::string DescribeStall(const PendingCollective& p) {
-  return "collective '" + p.name + "' was submitted by rank(s) [" + RankList(p.seen, true) +
-         "] but not by rank(s) [" + RankList(p.seen, false) + "] for " +
+  return "collective '" + p.name + "' was submitted by rank(s) [" + RankList(p, true) +
+         "] but not by rank(s) [" + RankList(p, false) + "] for " +
          std::to_string(static_cast<int>(p.waited_seconds)) + " s";
 }
 

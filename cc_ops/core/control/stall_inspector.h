@@ -12,6 +12,7 @@ namespace smdist {
 struct PendingCollective {
   std::string name;
   std::vector<bool> seen;  // by rank: submitted it
+  std::vector<int> ranks;  // the job rank of each index (a process set's members); empty: the index
   double waited_seconds = 0;
 };
 

@@ -101,7 +101,9 @@ void Timeline::Stop() {
   active_ = false;
 }
 
-int Timeline::RowLocked(const std::string& name) {
+int Timeline::RowLocked(const std::string& tensor, int32_t process_set) {
+  const std::string name =
+      process_set == 0 ? tensor : tensor + " [process set " + std::to_string(process_set) + "]";
   auto it = rows_.find(name);
   if (it != rows_.end()) return it->second;
   const int row = static_cast<int>(rows_.size()) + 1;
@@ -114,19 +116,21 @@ int Timeline::RowLocked(const std::string& name) {
 }
 
 void Timeline::Record(const std::vector<std::string>& names, const char* phase,
-                      Clock::time_point begin, Clock::time_point end, const char* extra_args) {
+                      Clock::time_point begin, Clock::time_point end, const char* extra_args,
+                      int32_t process_set) {
   if (!active_) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (file_ == nullptr) return;
   const auto ts = std::chrono::duration_cast<std::chrono::microseconds>(begin - origin_).count();
   const auto dur = std::chrono::duration_cast<std::chrono::microseconds>(end - begin).count();
+  const std::string set_arg = process_set == 0 ? "" : ",\"process_set\":" + std::to_string(process_set);
   for (const std::string& name : names) {
-    const int row = RowLocked(name);
+    const int row = RowLocked(name, process_set);
     std::fprintf(file_,
                  ",\n{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%lld,\"dur\":%lld,"
-                 "\"args\":{\"fused\":%zu%s%s}}",
-                 phase, rank_, row, static_cast<long long>(ts), static_cast<long long>(dur),
-                 names.size(), extra_args == nullptr ? "" : ",", extra_args == nullptr ? "" : extra_args);
+                 "\"args\":{\"fused\":%zu%s%s%s}}",
+                 phase, rank_, row, static_cast<long long>(ts), static_cast<long long>(dur), names.size(),
+                 extra_args == nullptr ? "" : ",", extra_args == nullptr ? "" : extra_args, set_arg.c_str());
   }
 }
 

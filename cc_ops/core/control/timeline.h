@@ -31,14 +31,16 @@ class Timeline {
 
   // A complete event [begin, end] on the row of each of `names`. `extra_args`
   // (optional) is more members of the event's "args" object, already JSON.
+  // A process set's collectives (`process_set` > 0) have rows of their own,
+  // labelled "<name> [process set N]", and say their set in "args".
   void Record(const std::vector<std::string>& names, const char* phase, Clock::time_point begin,
-              Clock::time_point end, const char* extra_args = nullptr);
+              Clock::time_point end, const char* extra_args = nullptr, int32_t process_set = 0);
   // With cycle marks on: a process-wide instant event "CYCLE_START" at
   // `begin`, the start of a cycle that ran `tensors` tensors' collectives.
   void MarkCycle(Clock::time_point begin, size_t tensors);
 
  private:
-  int RowLocked(const std::string& name);
+  int RowLocked(const std::string& name, int32_t process_set);
 
   std::mutex mu_;
   bool active_ = false;  // read without the lock as a cheap hint

@@ -10,6 +10,7 @@
 #include "transports/mpi/mpi_control_plane.h"
 #include "transports/mpi/mpi_point_to_point.h"
 #include "transports/mpi/mpi_runtime.h"
+#include "transports/mpi/mpi_types.h"
 #include "transports/mpi/stale_segments.h"
 #include "transports/shm/shared_memory_allreduce.h"
 
@@ -26,12 +27,11 @@ void FinishCommunicationRuntimeIfOwned() { FinalizeMpiIfOwned(); }
 bool CommunicationRuntimeFinishPending() { return MpiFinalizePending(); }
 bool CommunicationRuntimeStartedHere() { return MpiStartedHere(); }
 
-Status Transports::Create(const EngineConfig& config, bool point_to_point, std::unique_ptr<Transports>* out) {
-  auto t = std::make_unique<Transports>();
-  std::shared_ptr<MpiCommunicators> comms;
-  SMDIST_RETURN_IF_ERROR(MpiCommunicators::Create(config.hostname, &comms));
+// The data plane and control plane over `comms`; `arena_bytes`: the
+// cross-memory output arena (0: none).
+Status Transports::Assemble(const EngineConfig& config, std::shared_ptr<MpiCommunicators> comms,
+                            int64_t arena_bytes, Transports* t) {
   const Topology& topo = comms->topology();
-
   // Shared-memory path: within one host always; across hosts only when asked
   // for hierarchical allreduce and every host has the same layout (shards of
   // the same index must line up across hosts).
@@ -44,11 +44,11 @@ Status Transports::Create(const EngineConfig& config, bool point_to_point, std::
   }
   std::unique_ptr<CrossMemoryAllreduce> cma;
   if (topo.local_size > 1 && !multi_host && config.cross_memory_attach) {
-    SMDIST_RETURN_IF_ERROR(CrossMemoryAllreduce::Create(comms->local(), config.shared_output_bytes, &cma));
+    SMDIST_RETURN_IF_ERROR(CrossMemoryAllreduce::Create(comms->local(), arena_bytes, &cma));
   }
   if (shm && cma && config.cross_memory_min_bytes < 0) {
-    // Unset: measured on this host. Only single-host jobs get here, so every
-    // rank takes part and all get the same answer.
+    // Unset: measured on this host. Only single-host groups get here, so every
+    // member takes part and all get the same answer.
     SMDIST_RETURN_IF_ERROR(MeasureCrossMemoryMin(comms->local(), shm.get(), cma.get(), config.shm_min_bytes,
                                                  &t->cross_memory_min_bytes_, &t->cross_memory_min_measured_));
   } else {
@@ -68,13 +68,49 @@ Status Transports::Create(const EngineConfig& config, bool point_to_point, std::
   if (shm) t->data_.push_back(std::move(shm));
   t->data_.push_back(std::make_unique<MpiCollectives>(comms));
   t->control_ = std::make_unique<MpiControlPlane>(comms);
+  return Status::OK();
+}
+
+Status Transports::Create(const EngineConfig& config, bool point_to_point, std::unique_ptr<Transports>* out) {
+  auto t = std::make_unique<Transports>();
+  std::shared_ptr<MpiCommunicators> comms;
+  SMDIST_RETURN_IF_ERROR(MpiCommunicators::Create(MPI_COMM_WORLD, config.hostname, &comms));
+  SMDIST_RETURN_IF_ERROR(Assemble(config, comms, config.shared_output_bytes, t.get()));
+  // A communicator of its own: process sets are registered on the caller's
+  // thread while the collective streams run, and one communicator must not
+  // carry two threads' collectives at once.
+  std::shared_ptr<MpiCommunicators> registration;
+  SMDIST_RETURN_IF_ERROR(MpiCommunicators::Create(MPI_COMM_WORLD, config.hostname, &registration));
+  t->registration_ = std::make_unique<MpiControlPlane>(registration);
   if (point_to_point) {
-    // Its own communicator and thread: created here because duplicating
-    // COMM_WORLD is collective and this runs on every rank.
+    // Created here because duplicating COMM_WORLD is collective and this runs on every rank.
     std::unique_ptr<MpiPointToPoint> p2p;
     SMDIST_RETURN_IF_ERROR(MpiPointToPoint::Create(config.stall_check_seconds, config.stall_shutdown_seconds, &p2p));
     t->point_to_point_ = std::move(p2p);
   }
+  *out = std::move(t);
+  return Status::OK();
+}
+
+Status Transports::CreateForMembers(const EngineConfig& config, const std::vector<int>& members,
+                                    std::unique_ptr<Transports>* out) const {
+  out->reset();
+  const auto* registration = static_cast<const MpiControlPlane*>(registration_.get());
+  if (!registration) return Status::PreconditionFailed("process sets are made from the all-ranks transports");
+  const int rank = registration->topology().rank;
+  const bool member = std::binary_search(members.begin(), members.end(), rank);
+  MPI_Comm group = MPI_COMM_NULL;
+  int rc = MPI_Comm_split(registration->communicators().world(), member ? 0 : MPI_UNDEFINED, rank, &group);
+  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Comm_split(process set)");
+  if (!member) return Status::OK();
+  std::shared_ptr<MpiCommunicators> comms;
+  Status s = MpiCommunicators::Create(group, config.hostname, &comms);
+  MPI_Comm_free(&group);
+  SMDIST_RETURN_IF_ERROR(s);
+  EngineConfig set_config = config;
+  set_config.cross_memory_min_bytes = cross_memory_min_bytes_;  // measured once, for all ranks
+  auto t = std::make_unique<Transports>();
+  SMDIST_RETURN_IF_ERROR(Assemble(set_config, comms, /*arena_bytes=*/0, t.get()));
   *out = std::move(t);
   return Status::OK();
 }
@@ -85,6 +121,7 @@ Transports::~Transports() {
   point_to_point_.reset();
   data_.clear();
   control_.reset();
+  registration_.reset();
 }
 
 std::vector<DataTransport*> Transports::data_plane() const {

@@ -19,6 +19,8 @@
 
 namespace smdist {
 
+class MpiCommunicators;
+
 // The process-wide runtime under the transports: started once (later calls
 // only report), finished at process exit, so the engine can stop and start
 // again in one process.
@@ -34,6 +36,16 @@ class Transports {
   // Collective over all processes; the runtime must be started.
   // `point_to_point`: whether the runtime allows a channel of its own thread.
   static Status Create(const EngineConfig& config, bool point_to_point, std::unique_ptr<Transports>* out);
+  // A process set's transports, made from the all-ranks transports: collective
+  // over every rank (each calls it for the same set, in the same order, from
+  // the thread that registers sets). `members`: ascending ranks. *out stays
+  // null on a rank that is not a member. No point-to-point channel or output
+  // arena; the cross-memory size threshold is this one's.
+  Status CreateForMembers(const EngineConfig& config, const std::vector<int>& members,
+                          std::unique_ptr<Transports>* out) const;
+  // Negotiation among all ranks that no collective stream uses: process-set
+  // registration runs on it while the streams run. Null on a process set's transports.
+  ControlPlane* registration() const { return registration_.get(); }
   Transports() = default;  // use Create(); public for std::make_unique
   ~Transports();
   Transports(const Transports&) = delete;
@@ -48,6 +60,11 @@ class Transports {
   static const char* point_to_point_missing() {
     return "point-to-point send/recv needs an MPI library with MPI_THREAD_MULTIPLE";
   }
+  // Why process sets cannot run without a runtime that allows several threads
+  // (each set's stream has its own).
+  static const char* process_sets_missing() {
+    return "process sets need an MPI library with MPI_THREAD_MULTIPLE (each set runs on its own thread)";
+  }
   // Memory for allreduce outputs that this host's peers store into, or null.
   const std::shared_ptr<SharedOutputArena>& output_arena() const { return output_arena_; }
   // How large allreduces travel between ranks of one host (for introspection).
@@ -58,7 +75,11 @@ class Transports {
   bool cross_memory_min_measured() const { return cross_memory_min_measured_; }
 
  private:
+  static Status Assemble(const EngineConfig& config, std::shared_ptr<MpiCommunicators> comms, int64_t arena_bytes,
+                         Transports* t);
+
   std::unique_ptr<ControlPlane> control_;
+  std::unique_ptr<ControlPlane> registration_;
   std::vector<std::unique_ptr<DataTransport>> data_;
   std::unique_ptr<PointToPointChannel> point_to_point_;
   std::shared_ptr<SharedOutputArena> output_arena_;

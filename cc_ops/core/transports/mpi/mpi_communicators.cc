@@ -7,9 +7,10 @@
 
 namespace smdist {
 
-Status MpiCommunicators::Create(const std::string& hostname, std::shared_ptr<MpiCommunicators>* out) {
+Status MpiCommunicators::Create(MPI_Comm group, const std::string& hostname,
+                                std::shared_ptr<MpiCommunicators>* out) {
   auto c = std::make_shared<MpiCommunicators>();
-  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c->world_);
+  int rc = MPI_Comm_dup(group, &c->world_);
   if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Comm_dup");
   MPI_Comm_set_errhandler(c->world_, MPI_ERRORS_RETURN);
   Topology& topo = c->topology_;

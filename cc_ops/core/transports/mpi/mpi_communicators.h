@@ -1,7 +1,8 @@
-// The engine's own MPI communicators: all ranks (duplicated from COMM_WORLD so
-// user MPI traffic, e.g. mpi4py, never interleaves with the engine's), the
-// ranks of this host (local) and one rank per host (cross), and the topology
-// they give. Shared by every MPI-backed transport.
+// The engine's own MPI communicators for one group of ranks (all of them, or
+// a process set's): the group (duplicated from its parent so user MPI
+// traffic, e.g. mpi4py, never interleaves with the engine's), its ranks on
+// this host (local) and one of its ranks per host (cross), and the topology
+// they give. Shared by every MPI-backed transport of the group.
 #pragma once
 
 #include <mpi.h>
@@ -16,14 +17,15 @@ namespace smdist {
 
 class MpiCommunicators {
  public:
-  // Collective over COMM_WORLD. Ranks reporting the same `hostname` share a host.
-  static Status Create(const std::string& hostname, std::shared_ptr<MpiCommunicators>* out);
+  // Collective over `group`. Ranks reporting the same `hostname` share a host.
+  static Status Create(MPI_Comm group, const std::string& hostname, std::shared_ptr<MpiCommunicators>* out);
   MpiCommunicators() = default;  // use Create(); public for std::make_shared
   ~MpiCommunicators();
   MpiCommunicators(const MpiCommunicators&) = delete;
   MpiCommunicators& operator=(const MpiCommunicators&) = delete;
 
   const Topology& topology() const { return topology_; }
+  // The whole group (every rank, or a process set's members).
   MPI_Comm world() const { return world_; }
   MPI_Comm local() const { return local_; }
   MPI_Comm cross() const { return cross_; }

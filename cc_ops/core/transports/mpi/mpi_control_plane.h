@@ -1,4 +1,4 @@
-// Negotiation messages over MPI collectives on the engine's world communicator.
+// Negotiation messages over MPI collectives on one group's communicator.
 #pragma once
 
 #include <memory>
@@ -17,6 +17,7 @@ class MpiControlPlane : public ControlPlane {
                       std::vector<std::vector<uint8_t>>* gathered) override;
   Status BroadcastFromRoot(std::vector<uint8_t>* bytes) override;
   Status AllreduceBits(std::vector<uint64_t>* words, bool bitwise_and) override;
+  const MpiCommunicators& communicators() const { return *comms_; }
 
  private:
   std::shared_ptr<MpiCommunicators> comms_;

@@ -9,8 +9,10 @@
 namespace smdist {
 namespace {
 
-// MPI has no float16/bfloat16 and its float MIN/MAX need not propagate NaN,
-// so those reductions run our own kernels through MPI user ops.
+// MPI has no float16/bfloat16, its float MIN/MAX need not propagate NaN, and
+// Open MPI's AVX component adds 8- and 16-bit integers with saturation
+// (open-mpi/ompi#8045; TensorFlow wraps around), so those reductions run our
+// own kernels through MPI user ops.
 struct MpiCustomTypes {
   MPI_Datatype float16 = MPI_DATATYPE_NULL;
   MPI_Datatype bfloat16 = MPI_DATATYPE_NULL;
@@ -23,6 +25,10 @@ bool g_threads_multiple = false;
 std::mutex g_mpi_init_mutex;
 
 DataType DataTypeOfMpi(MPI_Datatype dt) {
+  if (dt == MPI_UINT8_T) return DataType::kUInt8;
+  if (dt == MPI_INT8_T) return DataType::kInt8;
+  if (dt == MPI_UINT16_T) return DataType::kUInt16;
+  if (dt == MPI_INT16_T) return DataType::kInt16;
   if (dt == g_types.float16) return DataType::kFloat16;
   if (dt == g_types.bfloat16) return DataType::kBFloat16;
   if (dt == MPI_DOUBLE) return DataType::kFloat64;
@@ -64,12 +70,14 @@ MPI_Datatype MpiType(DataType dtype) {
 
 MPI_Op MpiOp(DataType dtype, ReduceOp op) {
   const bool half_like = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+  const bool narrow_int = dtype == DataType::kUInt8 || dtype == DataType::kInt8 || dtype == DataType::kUInt16 ||
+                          dtype == DataType::kInt16;
   const bool is_float = IsFloatingPoint(dtype);
   switch (op) {
     case ReduceOp::kMin: return is_float ? g_types.min : MPI_MIN;
     case ReduceOp::kMax: return is_float ? g_types.max : MPI_MAX;
-    case ReduceOp::kProduct: return half_like ? g_types.prod : MPI_PROD;
-    default: return half_like ? g_types.sum : MPI_SUM;
+    case ReduceOp::kProduct: return half_like || narrow_int ? g_types.prod : MPI_PROD;
+    default: return half_like || narrow_int ? g_types.sum : MPI_SUM;
   }
 }
 

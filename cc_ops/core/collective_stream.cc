@@ -1,0 +1,515 @@
+#include "collective_stream.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <unordered_map>
+
+#include "collective_executor.h"
+#include "common/logging.h"
+#include "control/coordinator.h"
+#include "control/fusion_planner.h"
+#include "control/numbered_names.h"
+#include "control/response_cache.h"
+#include "joined_participation.h"
+
+namespace smdist {
+
+struct CollectiveStream::CycleState {
+  CycleState(const Transports& transports, const std::vector<int>& members, const EngineConfig& config,
+             Timeline* timeline, int32_t process_set_id)
+      : cache(config.cache_capacity),
+        planner(config.fusion_threshold_bytes),
+        coordinator(members, &planner,
+                    StallInspector(config.stall_check_seconds, config.stall_shutdown_seconds),
+                    config.cache_capacity > 0 ? &cache : nullptr),
+        executor(transports.topology(), transports.data_plane(), &planner, timeline, process_set_id) {}
+
+  struct CachedPending {
+    Request request;
+    std::chrono::steady_clock::time_point since;
+  };
+  ResponseCache cache;
+  FusionPlanner planner;  // one for negotiation (both paths) and execution
+  Coordinator coordinator;
+  CollectiveExecutor executor;
+  std::map<int64_t, CachedPending> cached_pending;  // by cache bit
+  std::vector<Request> requeued;  // evicted while pending: renegotiate in full
+  bool joined = false;  // this rank's join() is in flight
+};
+
+namespace {
+// Set while this thread runs a cycle: a done callback that submits another
+// collective from inside the cycle must queue it, not start a nested cycle.
+thread_local bool t_in_cycle = false;
+}  // namespace
+
+CollectiveStream::CollectiveStream(int32_t id, std::vector<int> members, std::unique_ptr<Transports> transports,
+                                   const EngineConfig& config, Timeline* timeline,
+                                   const std::atomic<bool>* exiting,
+                                   std::function<void(const std::string& reason)> on_stop)
+    : id_(id),
+      members_(std::move(members)),
+      transports_(std::move(transports)),
+      config_(config),
+      timeline_(timeline),
+      exiting_(exiting),
+      on_stop_(std::move(on_stop)),
+      cycle_state_(std::make_unique<CycleState>(*transports_, members_, config_, timeline_, id_)) {}
+
+CollectiveStream::~CollectiveStream() {
+  // A thread that never ended (a process leaving without shutting down) must
+  // not abort in std::thread's destructor; its state is then leaked on
+  // purpose, as the thread may still use it.
+  if (thread_.joinable()) {
+    thread_.detach();
+    (void)cycle_state_.release();
+    (void)transports_.release();
+  }
+}
+
+void CollectiveStream::Start() { thread_ = std::thread(&CollectiveStream::BackgroundLoop, this); }
+
+int CollectiveStream::MemberIndex(int rank) const {
+  auto it = std::lower_bound(members_.begin(), members_.end(), rank);
+  return it != members_.end() && *it == rank ? static_cast<int>(it - members_.begin()) : -1;
+}
+
+Status CollectiveStream::Enqueue(std::vector<TensorEntry> entries, bool run_inline) {
+  for (TensorEntry& e : entries) {
+    if (e.type != CollectiveType::kBroadcast || !e.local_error.empty()) continue;
+    // Roots are named by world rank; the set's transports count members.
+    const int root = MemberIndex(e.root_rank);
+    if (root >= 0) {
+      e.root_rank = root;
+    } else if (id_ == 0) {
+      e.local_error = "broadcast of '" + e.name + "': root_rank " + std::to_string(e.root_rank) +
+                      " is out of range for " + std::to_string(members_.size()) + " ranks";
+    } else {
+      e.local_error = "broadcast of '" + e.name + "': root_rank " + std::to_string(e.root_rank) +
+                      " is not a member of process set " + std::to_string(id_);
+    }
+  }
+  std::unique_lock<std::mutex> cycle(cycle_mu_, std::defer_lock);
+  if (run_inline && !t_in_cycle) cycle.try_lock();
+  const bool inline_cycle = cycle.owns_lock() && !cycles_over_;
+  {
+    std::lock_guard<std::mutex> state(state_mu_);
+    if (!running_) return Status::Aborted(stop_reason_);
+    // Requests carry the job rank: negotiation errors name ranks as the user knows them.
+    SMDIST_RETURN_IF_ERROR(queue_.Add(std::move(entries), members_[transports_->topology().rank],
+                                      /*wake=*/!inline_cycle));
+  }
+  if (!inline_cycle) return Status::OK();
+  // Peers not all there yet: the stream's thread carries on from here.
+  if (RunCycleLocked() && queue_.HasInFlight()) queue_.Wake();
+  return Status::OK();
+}
+
+void CollectiveStream::RequestShutdown(const std::string& failure) {
+  {
+    std::lock_guard<std::mutex> state(state_mu_);
+    if (failure_.empty()) failure_ = failure;
+  }
+  shutdown_requested_ = true;
+  queue_.Wake();
+}
+
+void CollectiveStream::Abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> state(state_mu_);
+    if (running_) {
+      running_ = false;
+      stop_reason_ = reason;
+    }
+  }
+  // The thread fails what is queued when the members agree to stop: taking
+  // entries from under a cycle would leave the members waiting for this rank.
+  RequestShutdown();
+}
+
+bool CollectiveStream::Join(double seconds) {
+  if (seconds >= 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (!loop_done_ && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!loop_done_) return false;
+  }
+  if (thread_.joinable()) thread_.join();
+  return true;
+}
+
+bool CollectiveStream::running() const {
+  std::lock_guard<std::mutex> state(state_mu_);
+  return running_;
+}
+
+int CollectiveStream::failed_peer() const {
+  std::lock_guard<std::mutex> state(state_mu_);
+  return failed_peer_;
+}
+
+std::vector<std::string> CollectiveStream::cached_names() {
+  std::lock_guard<std::mutex> cycle(cycle_mu_);
+  return cycle_state_ ? cycle_state_->cache.NamesByRecency() : std::vector<std::string>();
+}
+
+std::vector<std::string> CollectiveStream::DescribeAllreducePlan(const std::vector<int64_t>& counts, DataType dtype,
+                                                                 WireCompression compression, double prescale) {
+  std::vector<TensorEntry> entries(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) {
+    entries[i].dtype = dtype;
+    entries[i].shape = {counts[i]};
+    entries[i].compression = compression;
+    entries[i].prescale = prescale;
+  }
+  std::lock_guard<std::mutex> cycle(cycle_mu_);
+  std::vector<std::string> lines;
+  if (!cycle_state_ || cycles_over_ || entries.empty()) return lines;
+  for (const AllreduceStep& step : cycle_state_->planner.PlanAllreduce(entries, transports_->data_plane())) {
+    std::string line = (step.transport ? step.transport->name() : "none") + (step.packed ? " packed " : " in_place ");
+    for (size_t i = 0; i < step.members.size(); ++i) line += (i ? "," : "") + std::to_string(step.members[i]);
+    lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
+void CollectiveStream::Stop(const std::string& reason, bool report) {
+  std::string why;
+  {
+    std::lock_guard<std::mutex> state(state_mu_);
+    if (running_) {
+      running_ = false;
+      stop_reason_ = reason;
+    } else {
+      report = false;  // aborted before: that reason stands
+    }
+    why = stop_reason_;
+  }
+  LogInfo((id_ == 0 ? std::string("engine") : "process set " + std::to_string(id_)) + " stopped: " + why);
+  if (report && on_stop_) on_stop_(why);
+  const Status aborted = Status::Aborted(why);
+  for (TensorEntry& e : queue_.TakeAll()) {
+    if (e.done && !exiting_->load()) e.done(aborted);
+  }
+}
+
+void CollectiveStream::BackgroundLoop() {
+  const int64_t cycle_us = static_cast<int64_t>(config_.cycle_time_ms * 1000.0);
+  const int64_t idle_cap_us = std::max(cycle_us, kIdleWaitCapUs);
+  int64_t idle_wait_us = cycle_us;
+  uint64_t cycles_seen = cycles_run_.load();
+  while (true) {
+    // Sleep only when idle: a rank with collectives in flight goes straight to
+    // the next cycle, so a lone tensor never waits out a cycle for its peers.
+    if (!queue_.HasInFlight()) {
+      const bool woken = queue_.WaitForWork(idle_wait_us);
+      if (!woken && !queue_.HasInFlight()) {
+        // Still idle. Negotiate now and then (a peer, a shutdown or a stall may
+        // need this rank), but ever less often: each idle round is a collective call
+        // that takes a core and the runtime library from the training step. Its
+        // own submissions wake this thread at once, so no collective waits.
+        idle_wait_us = std::min(idle_cap_us, std::max(cycle_us, 2 * idle_wait_us));
+        const uint64_t cycles = cycles_run_.load();
+        const bool callers_cycled = cycles != cycles_seen;
+        cycles_seen = cycles;
+        if (callers_cycled) continue;  // callers ran cycles inline meanwhile
+      } else {
+        idle_wait_us = cycle_us;
+      }
+    }
+    std::lock_guard<std::mutex> cycle(cycle_mu_);
+    if (!RunCycleLocked()) {
+      loop_done_ = true;
+      return;
+    }
+    cycles_seen = cycles_run_.load();
+  }
+}
+
+bool CollectiveStream::RunCycleLocked() {
+  if (cycles_over_) return false;
+  t_in_cycle = true;
+  cycles_run_.fetch_add(1);
+  const bool go_on = RunCycle(cycle_state_.get());
+  t_in_cycle = false;
+  if (!go_on) cycles_over_ = true;
+  return go_on;
+}
+
+namespace {
+constexpr uint64_t kNotShuttingDown = 1, kNothingUncached = 2, kNoStallSuspected = 4,
+                   kCoordinatorIdle = 8, kNobodyJoined = 16;
+constexpr uint64_t kFastPath = kNotShuttingDown | kNothingUncached | kCoordinatorIdle | kNobodyJoined;
+
+bool TestBit(const std::vector<uint64_t>& words, int64_t bit) {
+  return (words[1 + bit / 64] >> (bit % 64)) & 1u;
+}
+}  // namespace
+
+Status CollectiveStream::NegotiateCached(CycleState* state, std::vector<Request>* uncached,
+                                         std::vector<Response>* ready, bool* needs_full) {
+  ResponseCache& cache = state->cache;
+  const auto now = std::chrono::steady_clock::now();
+  // A cached collective pending this long is renegotiated in full so rank 0's
+  // stall inspector can name the missing ranks.
+  double stall_after = config_.stall_check_seconds;
+  if (stall_after <= 0 || (config_.stall_shutdown_seconds > 0 &&
+                           config_.stall_shutdown_seconds < stall_after)) {
+    stall_after = config_.stall_shutdown_seconds;
+  }
+  bool stall_suspected = false;
+  std::vector<uint64_t> words(1 + (cache.capacity() + 63) / 64, 0);
+  for (const auto& kv : state->cached_pending) {
+    words[1 + kv.first / 64] |= uint64_t{1} << (kv.first % 64);
+    const double waited = std::chrono::duration<double>(now - kv.second.since).count();
+    stall_suspected |= stall_after > 0 && waited >= stall_after;
+  }
+  if (!shutdown_requested_) words[0] |= kNotShuttingDown;
+  if (uncached->empty()) words[0] |= kNothingUncached;
+  if (!stall_suspected) words[0] |= kNoStallSuspected;
+  if (!state->coordinator.HasPending()) words[0] |= kCoordinatorIdle;  // only rank 0's can be busy
+  if (!state->joined) words[0] |= kNobodyJoined;
+  std::vector<uint64_t> mine = words;
+  SMDIST_RETURN_IF_ERROR(transports_->control()->AllreduceBits(&words, /*bitwise_and=*/true));
+
+  std::vector<int64_t> ready_bits;
+  for (const auto& kv : state->cached_pending) {
+    if (TestBit(words, kv.first)) ready_bits.push_back(kv.first);  // ascending: same order everywhere
+  }
+  std::unordered_map<std::string, int64_t> bit_of;
+  for (int64_t bit : ready_bits) {
+    cache.Touch(bit);  // in ascending bit order: the same recency on every rank
+    Response r = cache.response(bit);
+    r.names = {cache.name(bit)};
+    bit_of[cache.name(bit)] = bit;
+    ready->push_back(std::move(r));
+    state->cached_pending.erase(bit);
+  }
+  state->planner.Fuse(ready, [&cache, &bit_of](const std::string& name) -> const Request& {
+    return cache.params(bit_of.at(name));
+  });
+  *needs_full = (words[0] & kFastPath) != kFastPath;
+  if ((words[0] & kNoStallSuspected) == 0) {
+    // Everyone forgets every collective still pending anywhere and sends the
+    // ones it holds in full; the same evictions happen on every rank.
+    std::vector<uint64_t> any = mine;
+    any[0] = 0;
+    SMDIST_RETURN_IF_ERROR(transports_->control()->AllreduceBits(&any, /*bitwise_and=*/false));
+    for (int64_t bit = 0; bit < cache.capacity(); ++bit) {
+      if (!TestBit(any, bit)) continue;
+      auto it = state->cached_pending.find(bit);
+      if (it != state->cached_pending.end()) {
+        uncached->push_back(it->second.request);
+        state->cached_pending.erase(it);
+      }
+      cache.Erase(cache.name(bit));
+    }
+    *needs_full = true;
+  }
+  if ((words[0] & kNobodyJoined) == 0) {
+    // A joined rank sets no bits, so none of these can become ready here:
+    // the coordinator completes them without it. They stay cached.
+    for (auto& kv : state->cached_pending) {
+      kv.second.request.cached = true;
+      uncached->push_back(std::move(kv.second.request));
+    }
+    state->cached_pending.clear();
+  }
+  return Status::OK();
+}
+
+Status CollectiveStream::NegotiateFull(CycleState* state, std::vector<Request> uncached, ResponseList* out) {
+  RequestList mine;
+  mine.requests = std::move(uncached);
+  mine.shutdown = shutdown_requested_.load();
+  if (mine.shutdown) {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    mine.failure = failure_;
+  }
+  std::vector<std::vector<uint8_t>> gathered;
+  SMDIST_RETURN_IF_ERROR(transports_->control()->GatherToRoot(mine.Serialize(), &gathered));
+  std::vector<uint8_t> bytes;
+  if (transports_->topology().rank == 0) {
+    for (size_t r = 0; r < gathered.size(); ++r) {
+      RequestList list;
+      if (!RequestList::Parse(gathered[r].data(), gathered[r].size(), &list)) {
+        return Status::Unknown("malformed request list from rank " + std::to_string(r));
+      }
+      state->coordinator.Add(list, static_cast<int>(r));
+    }
+    bytes = state->coordinator.BuildResponses().Serialize();
+  }
+  SMDIST_RETURN_IF_ERROR(transports_->control()->BroadcastFromRoot(&bytes));
+  if (!ResponseList::Parse(bytes.data(), bytes.size(), out)) {
+    return Status::Unknown("malformed response list");
+  }
+  return Status::OK();
+}
+
+bool CollectiveStream::Execute(CycleState* state, const Response& response, bool remember) {
+  const int me = transports_->topology().rank;
+  const bool joined_here = std::find(response.joined.begin(), response.joined.end(), me) != response.joined.end();
+  if (joined_here) {
+    for (const std::string& name : response.names) SkipNumberedName(name);
+  }
+  if (joined_here && response.response_type == ResponseType::kError) {
+    // The collective cannot complete without this rank: its join() fails
+    // with the same error, so every rank sees it. Only the join that was in
+    // flight: one submitted since then is not negotiated yet.
+    if (state->joined) {
+      state->joined = false;
+      TensorEntry join;
+      Request join_request;
+      if (queue_.Take(kJoinName, &join, &join_request) && join.done) {
+        join.done(Status::PreconditionFailed(response.error));
+      }
+    }
+    return true;
+  }
+  std::vector<TensorEntry> entries(response.names.size());
+  std::vector<Request> requests(response.names.size());
+  JoinedParticipation participation;  // outlives the execution below
+  for (size_t i = 0; i < response.names.size(); ++i) {
+    if (queue_.Take(response.names[i], &entries[i], &requests[i])) continue;
+    if (joined_here && i < response.params.size()) {
+      entries[i] = participation.Entry(response.params[i]);
+      continue;
+    }
+    Stop("internal error: negotiated collective '" + response.names[i] + "' is unknown on this rank",
+         /*report=*/true);
+    return false;
+  }
+  Status s = state->executor.Execute(response, &entries);
+  if (!s.ok()) {
+    Stop("collective failed: " + s.message(), /*report=*/true);
+    return false;
+  }
+  if (response.type == CollectiveType::kJoin) state->joined = false;
+  // Join, and collectives some rank took part in without an entry, happen
+  // only now: there is nothing to remember.
+  if (remember && response.response_type == ResponseType::kCollective && response.joined.empty() &&
+      response.type != CollectiveType::kJoin && state->cache.capacity() > 0) {
+    // Every rank executes the same responses in the same order, so every
+    // cache assigns the same bits.
+    // Copied once without its names: copying a fused response per member made
+    // remembering a group of n tensors cost n^2 name copies.
+    Response single = response;
+    single.names.clear();
+    for (const Request& request : requests) {
+      // Numbered unnamed eager collectives ("allreduce.noname.7") never recur:
+      // caching them would only crowd out the ones that do. A rule on the name
+      // alone, which every rank shares, keeps the caches' bits in step.
+      if (IsNumberedCallName(request.name)) continue;
+      single.names.assign(1, request.name);
+      const int64_t evicted = state->cache.Put(request, single);
+      auto pending = state->cached_pending.find(evicted);
+      if (pending != state->cached_pending.end()) {
+        // Submitted here as cached, now evicted everywhere: negotiate it in full.
+        state->requeued.push_back(std::move(pending->second.request));
+        state->cached_pending.erase(pending);
+      }
+    }
+  }
+  return true;
+}
+
+namespace {
+// "allreduce of 3 tensor(s): a, b, c" (the first few names) for debug logs.
+std::string DescribeResponse(const Response& response) {
+  constexpr size_t kNamesShown = 8;
+  std::string text = response.response_type == ResponseType::kError
+                         ? std::string("error for")
+                         : std::string(CollectiveTypeName(response.type)) + " of";
+  text += " " + std::to_string(response.names.size()) + " tensor(s):";
+  for (size_t i = 0; i < response.names.size() && i < kNamesShown; ++i) {
+    text += (i == 0 ? " " : ", ") + response.names[i];
+  }
+  if (response.names.size() > kNamesShown) {
+    text += ", ... (" + std::to_string(response.names.size() - kNamesShown) + " more)";
+  }
+  return text;
+}
+}  // namespace
+
+bool CollectiveStream::RunCycle(CycleState* state) {
+  const auto cycle_start = Timeline::Clock::now();
+  std::vector<Request> fresh;
+  queue_.PopRequests(&fresh);
+  for (const Request& r : fresh) state->joined |= r.type == CollectiveType::kJoin;
+  std::vector<Request> uncached = std::move(state->requeued);
+  state->requeued.clear();
+
+  std::vector<Response> cached_ready;
+  bool needs_full = true;
+  Status s;
+  if (state->cache.capacity() > 0) {
+    const auto now = std::chrono::steady_clock::now();
+    for (Request& r : fresh) {
+      const int64_t bit = state->cache.Lookup(r);
+      if (bit >= 0) {
+        state->cached_pending[bit] = CycleState::CachedPending{std::move(r), now};
+      } else {
+        uncached.push_back(std::move(r));
+      }
+    }
+    s = NegotiateCached(state, &uncached, &cached_ready, &needs_full);
+  } else {
+    for (Request& r : fresh) uncached.push_back(std::move(r));
+  }
+  ResponseList full;
+  if (s.ok() && needs_full) s = NegotiateFull(state, std::move(uncached), &full);
+  if (!s.ok()) {
+    Stop("negotiation failed: " + s.message(), /*report=*/true);
+    return false;
+  }
+
+  // Marked before executing: completing a collective can let its caller stop
+  // the timeline (or shut down) before this cycle ends.
+  const size_t responses = cached_ready.size() + full.responses.size();
+  // Counted only for a reader: this runs every working cycle.
+  if (responses > 0 && (timeline_->active() || LogEnabled(LogLevel::kTrace))) {
+    size_t tensors = 0;
+    for (const Response& r : cached_ready) tensors += r.names.size();
+    for (const Response& r : full.responses) tensors += r.names.size();
+    timeline_->MarkCycle(cycle_start, tensors);
+    if (LogEnabled(LogLevel::kTrace)) {
+      LogTrace("cycle runs " + std::to_string(responses) + " response(s) of " + std::to_string(tensors) +
+               " tensor(s): " + std::to_string(cached_ready.size()) + " cached, " +
+               std::to_string(full.responses.size()) + " negotiated");
+    }
+  }
+  for (const Response& response : cached_ready) {
+    if (!Execute(state, response, /*remember=*/false)) return false;
+  }
+  for (const std::string& name : full.evictions) {
+    // Some rank changed this collective: forget it everywhere; a rank that
+    // had it pending as cached sends it in full next cycle.
+    for (auto it = state->cached_pending.begin(); it != state->cached_pending.end(); ++it) {
+      if (it->second.request.name == name) {
+        state->requeued.push_back(it->second.request);
+        state->cached_pending.erase(it);
+        break;
+      }
+    }
+    state->cache.Erase(name);
+  }
+  for (const Response& response : full.responses) {
+    if (LogEnabled(LogLevel::kDebug)) LogDebug("negotiated " + DescribeResponse(response));
+    if (!Execute(state, response, /*remember=*/true)) return false;
+  }
+  if (full.shutdown) {
+    if (full.shutdown_error.rfind("stall", 0) == 0) LogError(full.shutdown_error);
+    if (full.failed_rank >= 0 && full.failed_rank != transports_->topology().rank) {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      failed_peer_ = members_[full.failed_rank];
+    }
+    // A shutdown this rank asked for is no news to report.
+    Stop(full.shutdown_error, /*report=*/!shutdown_requested_);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace smdist
