@@ -945,17 +945,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> int:
     """Driver (launches the phases and prints the summary) or, with ``--worker``, one phase."""
     args = parse_args(argv)
-    if args.worker == "core":
-        worker_core(args)
-        return 0
-    if args.worker == "mwms":
-        worker_mwms(args)
-        return 0
-    if args.worker == "pset_alone":
-        worker_pset_alone(args)
-        return 0
-    if args.worker == "pset_sets":
-        worker_pset_sets(args)
+    workers = {"core": worker_core, "mwms": worker_mwms, "pset_alone": worker_pset_alone, "pset_sets": worker_pset_sets}
+    if args.worker in workers:
+        workers[args.worker](args)
         return 0
     if "OMPI_COMM_WORLD_SIZE" in os.environ:
         sys.exit("run the driver without mpirun: python benchmarks/allreduce.py --np N (it launches mpirun)")

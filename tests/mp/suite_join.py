@@ -16,17 +16,14 @@ import contextlib
 import functools
 import json
 import os
-import sys
 import tempfile
-import threading
 import time
-import traceback
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import smdist_tf as sd
+from tests.mp import rank_guards
 from tests.mp.collective_expectations import (
     MOVABLE,
     REDUCE_OPS,
@@ -63,47 +60,7 @@ def join_in_graph():
 JOIN_GRAPH = tf.function(join_in_graph)
 
 
-class _ReportFailuresAtOnce:
-    """Prints a failure on this rank as soon as its test ends. A rank whose check fails leaves the
-    test while its peers may still wait for it; the job then ends on a hang (below), and pytest's
-    summary, printed at the end, would never come."""
-
-    @staticmethod
-    def pytest_runtest_logreport(report):
-        if report.failed:
-            sys.stderr.write(f"\n[rank {RANK}/{SIZE}] FAILED {report.nodeid} ({report.when}):\n{report.longreprtext[-6000:]}\n")
-            sys.stderr.flush()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _report_failures_at_once(request):
-    plugin = _ReportFailuresAtOnce()
-    request.config.pluginmanager.register(plugin, "suite_join_failures")
-    yield
-    request.config.pluginmanager.unregister(plugin)
-
-
-@pytest.fixture(autouse=True)
-def _fail_instead_of_hanging(request):
-    """A hung collective or join() would stall mpirun until the harness timeout, with no hint of
-    where. After HANG_S this prints the test, the rank and the main thread's stack, and exits
-    the rank, which ends the job."""
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    main = threading.main_thread().ident
-
-    def expire():
-        if capture is not None:
-            capture.suspend_global_capture(in_=True)  # pytest's capture would lose what follows
-        stack = "".join(traceback.format_stack(sys._current_frames()[main])[-12:])
-        sys.stderr.write(f"\n[rank {RANK}/{SIZE}] HUNG: {request.node.nodeid} still running after {HANG_S} s\n{stack}\n")
-        sys.stderr.flush()
-        os._exit(3)
-
-    timer = threading.Timer(HANG_S, expire)
-    timer.daemon = True
-    timer.start()
-    yield
-    timer.cancel()
+_report_failures_at_once, _fail_instead_of_hanging = rank_guards.fixtures(RANK, SIZE, HANG_S, "suite_join")
 
 
 @contextlib.contextmanager

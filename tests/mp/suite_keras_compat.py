@@ -210,7 +210,7 @@ class PartialDistributedOptimizerTest(CompatTest):
     def test_invalid_arguments(self):
         with self.assertRaisesRegex(ValueError, "must be Keras layers"):
             hvd.PartialDistributedOptimizer(keras.optimizers.SGD(), local_layers=["first"])
-        with self.assertRaisesRegex(NotImplementedError, "process sets"):
+        with self.assertRaisesRegex(ValueError, "must be a ProcessSet"):
             hvd.PartialDistributedOptimizer(keras.optimizers.SGD(), process_set=object())
 
 

@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
-import traceback
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import smdist_tf as sd
+from tests.mp import rank_guards
 from smdist_tf import process_sets as _process_sets
 from smdist_tf._native import runtime as _rt
 from tests.mp.collective_expectations import (
@@ -140,44 +138,7 @@ COLLECTIVES = {
 EAGER_ONLY = {"broadcast_variables": _variables_broadcast}
 
 
-class _ReportFailuresAtOnce:
-    """Prints a failure on this rank as soon as its test ends: a rank whose check fails leaves the
-    test while its peers may wait for it, and the job then ends on a hang before pytest's summary."""
-
-    @staticmethod
-    def pytest_runtest_logreport(report):
-        if report.failed:
-            sys.stderr.write(f"\n[rank {RANK}/{SIZE}] FAILED {report.nodeid} ({report.when}):\n{report.longreprtext[-6000:]}\n")
-            sys.stderr.flush()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _report_failures_at_once(request):
-    plugin = _ReportFailuresAtOnce()
-    request.config.pluginmanager.register(plugin, "suite_process_sets_failures")
-    yield
-    request.config.pluginmanager.unregister(plugin)
-
-
-@pytest.fixture(autouse=True)
-def _fail_instead_of_hanging(request):
-    """After HANG_S, prints the test, the rank and the main thread's stack, and exits the rank."""
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    main = threading.main_thread().ident
-
-    def expire():
-        if capture is not None:
-            capture.suspend_global_capture(in_=True)
-        stack = "".join(traceback.format_stack(sys._current_frames()[main])[-12:])
-        sys.stderr.write(f"\n[rank {RANK}/{SIZE}] HUNG: {request.node.nodeid} still running after {HANG_S} s\n{stack}\n")
-        sys.stderr.flush()
-        os._exit(3)
-
-    timer = threading.Timer(HANG_S, expire)
-    timer.daemon = True
-    timer.start()
-    yield
-    timer.cancel()
+_report_failures_at_once, _fail_instead_of_hanging = rank_guards.fixtures(RANK, SIZE, HANG_S, "suite_process_sets")
 
 
 class MembershipTest(tf.test.TestCase):

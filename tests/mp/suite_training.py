@@ -154,7 +154,7 @@ class DistributedGradientTapeTest(tf.test.TestCase):
                     self.assertAllClose(g_shared, [mean_x] * 3)  # reduced: averaged over ranks
                     local = (RANK + 1.0) / (SIZE if scale else 1)
                     self.assertAllClose(g_head, [[local]] * 3)  # local: this rank's own
-        with self.assertRaises(NotImplementedError):
+        with self.assertRaisesRegex(ValueError, "must be a ProcessSet"):
             sd.DistributedGradientTape(tf.GradientTape(), process_set=object())
 
     def test_invalid_tape_arguments(self):

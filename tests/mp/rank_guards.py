@@ -1,0 +1,57 @@
+"""Fixtures for suites whose ranks may wait on each other: a failure is printed at once, a hang ends the job.
+
+A rank whose check fails leaves the test while its peers may still wait for it; the job then ends on a
+hang, and pytest's summary, printed at the end, would never come. So each failure is written to stderr as
+soon as its test ends, and a test still running after ``hang_seconds`` prints the test, the rank and the
+main thread's stack, and exits the rank, which ends the job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import traceback
+
+import pytest
+
+
+def fixtures(rank: int, size: int, hang_seconds: float, name: str) -> tuple:
+    """The two autouse fixtures; assign them to module names in the suite so pytest finds them."""
+
+    class ReportFailuresAtOnce:
+        @staticmethod
+        def pytest_runtest_logreport(report):
+            if report.failed:
+                sys.stderr.write(f"\n[rank {rank}/{size}] FAILED {report.nodeid} ({report.when}):\n"
+                                 f"{report.longreprtext[-6000:]}\n")
+                sys.stderr.flush()
+
+    @pytest.fixture(scope="module", autouse=True)
+    def report_failures_at_once(request):
+        plugin = ReportFailuresAtOnce()
+        request.config.pluginmanager.register(plugin, f"{name}_failures")
+        yield
+        request.config.pluginmanager.unregister(plugin)
+
+    @pytest.fixture(autouse=True)
+    def fail_instead_of_hanging(request):
+        capture = request.config.pluginmanager.getplugin("capturemanager")
+        main = threading.main_thread().ident
+
+        def expire():
+            if capture is not None:
+                capture.suspend_global_capture(in_=True)  # pytest's capture would lose what follows
+            stack = "".join(traceback.format_stack(sys._current_frames()[main])[-12:])
+            sys.stderr.write(f"\n[rank {rank}/{size}] HUNG: {request.node.nodeid} still running after "
+                             f"{hang_seconds} s\n{stack}\n")
+            sys.stderr.flush()
+            os._exit(3)
+
+        timer = threading.Timer(hang_seconds, expire)
+        timer.daemon = True
+        timer.start()
+        yield
+        timer.cancel()
+
+    return report_failures_at_once, fail_instead_of_hanging
