@@ -74,7 +74,7 @@ setup(
     cmdclass={"build_ext": BuildNative},
     # The TensorFlow already installed (the build needs it: no build isolation),
     # pinned to the release the ops are compiled for.
-    install_requires=["numpy", *built_against()],
+    install_requires=["numpy", "pyyaml>=6.0", *built_against()],
     entry_points={
         "console_scripts": ["smdistrun=smdist_tf.run.launcher:main"],
         # @pytest.mark.distributed (smdist_tf.testing) in every pytest session.

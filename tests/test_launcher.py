@@ -206,6 +206,15 @@ def test_config_outside_the_subset_is_rejected(text, where):
         parse_config_text(text)
 
 
+def test_config_is_read_with_yaml_safe_rules():
+    # Plain YAML the old subset parser refused or misread now reads as YAML says; tags that would
+    # build Python objects are refused (safe_load), with the line.
+    assert parse_config_text("params: # a comment\n  fusion_threshold_mb: 0x20\n  x: 'it''s'\n") == {
+        "params": {"fusion_threshold_mb": 32, "x": "it's"}}
+    with pytest.raises(UsageError, match="line 2: could not determine a constructor"):
+        parse_config_text("np: 2\nhosts: !!python/name:os.system ''\n")
+
+
 def test_config_bad_values(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("controller: gloo\n")

@@ -1,113 +1,73 @@
-"""Reads ``--config-file``: the small YAML subset launcher config files use.
+"""Reads ``--config-file``: horovodrun's YAML launcher config files, with PyYAML.
 
 Horovod-style config files are a mapping of sections (``params``, ``timeline``,
 ``stall_check``, ``logging``, ...) to flat ``key: value`` scalars, plus a few
-top-level scalars. That subset needs no YAML library, so we parse it here
-instead of adding PyYAML as a dependency:
-
-* ``key: value`` lines; a key ending in ``:`` with nothing after it opens a section
-  whose keys are indented below it (one level only);
-* scalars: integers, floats, ``true/false/yes/no/on/off``, ``null``/``~``, and
-  plain, single- or double-quoted strings;
-* ``#`` comments and blank lines.
-
-Anything else (lists, flow ``{...}``/``[...]`` collections, multi-line strings,
-anchors) is rejected with the line number rather than misread.
+top-level scalars. The file is parsed with ``yaml.safe_load`` rules; what the
+launcher cannot use is rejected with the line number rather than misread: a
+document that is not such a mapping, deeper nesting, lists, and keys given twice
+(which YAML itself would let the last one win). Dashes in keys read as
+underscores (``mpi-args`` is ``mpi_args``).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from smdist_tf.run.errors import UsageError
 
-_KEY_RE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][A-Za-z0-9_\-]*)\s*:(?:\s+(?P<value>.*))?$")
-_TRUE = {"true", "yes", "on"}
-_FALSE = {"false", "no", "off"}
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
 
 
-def _strip_comment(line: str) -> str:
-    # A '#' starts a comment unless it is inside quotes.
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i].rstrip()
-    return line.rstrip()
-
-
-def parse_scalar(text: str, where: str) -> Any:
-    """Converts one YAML scalar to bool, int, float, None or str."""
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        body = text[1:-1]
-        return body.replace("''", "'") if text[0] == "'" else body.replace('\\"', '"').replace("\\\\", "\\")
-    if text[:1] in ("[", "{", "|", ">", "&", "*", "!", "-", "'", '"') and not re.fullmatch(r"-?[\d.]+(e-?\d+)?", text):
-        raise UsageError(f"{where}: unsupported YAML value {text!r} (only plain scalars are understood)")
-    lower = text.lower()
-    if lower in _TRUE:
-        return True
-    if lower in _FALSE:
-        return False
-    if lower in ("null", "~", ""):
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
+def _checked_mapping(node: yaml.Node, source: str, depth: int) -> dict[str, yaml.Node]:
+    """The mapping's keys (dashes as underscores) to their value nodes; nothing but scalar keys, once each."""
+    if not isinstance(node, yaml.MappingNode):
+        what = "a list" if isinstance(node, yaml.SequenceNode) else "a value"
+        raise UsageError(f"{source} line {_line(node)}: expected 'key: value' entries, got {what}")
+    entries: dict[str, yaml.Node] = {}
+    for key_node, value_node in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise UsageError(f"{source} line {_line(key_node)}: keys must be plain names")
+        key = str(key_node.value).replace("-", "_")
+        if key in entries:
+            raise UsageError(f"{source} line {_line(key_node)}: duplicate key {key!r}")
+        if isinstance(value_node, yaml.SequenceNode):
+            raise UsageError(f"{source} line {_line(value_node)}: {key!r} is a list; only scalars are understood")
+        if isinstance(value_node, yaml.MappingNode):
+            if depth > 0 or value_node.flow_style:
+                raise UsageError(f"{source} line {_line(key_node)}: only one level of 'section:' followed by "
+                                 "indented 'key: value' lines is supported")
+            _checked_mapping(value_node, source, depth + 1)
+        entries[key] = value_node
+    return entries
 
 
 def parse_config_text(text: str, source: str = "config file") -> dict[str, Any]:
-    """Parses the subset described in the module docstring into nested dicts.
+    """Parses a launcher config into ``{key: scalar}`` and ``{section: {key: scalar}}``.
 
     Raises:
-        UsageError: with the line number, on anything outside the subset.
+        UsageError: with the line number, on malformed YAML or anything the launcher cannot use.
     """
-    result: dict[str, Any] = {}
-    section: dict[str, Any] | None = None
-    section_indent: int | None = None
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if "\t" in raw[: len(raw) - len(raw.lstrip())]:
-            raise UsageError(f"{source} line {number}: tabs are not allowed for indentation")
-        line = _strip_comment(raw)
-        if not line.strip() or line.strip() in ("---", "..."):
-            continue
-        where = f"{source} line {number}"
-        match = _KEY_RE.match(line)
-        if not match:
-            raise UsageError(f"{where}: expected 'key: value', got {raw.strip()!r}")
-        indent, key, value = len(match["indent"]), match["key"].replace("-", "_"), match["value"]
-        if indent == 0:
-            section, section_indent = None, None
-            if key in result:
-                raise UsageError(f"{where}: duplicate key {key!r}")
-            if value is None or not value.strip():
-                section = result[key] = {}
-            else:
-                result[key] = parse_scalar(value, where)
-            continue
-        if section is None:
-            raise UsageError(f"{where}: unexpected indentation")
-        if section_indent is None:
-            section_indent = indent
-        if indent != section_indent:
-            raise UsageError(f"{where}: only one level of nesting is supported")
-        if value is None or not value.strip():
-            raise UsageError(f"{where}: key {key!r} has no value (nested sections are not supported)")
-        if key in section:
-            raise UsageError(f"{where}: duplicate key {key!r}")
-        section[key] = parse_scalar(value, where)
-    return result
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        if root is None:
+            return {}
+        _checked_mapping(root, source, 0)
+        # Checked: now build the values with safe_load's rules, keys as the launcher spells them.
+        loaded = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"{source}{line}: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"{source}: {e}") from None
+    return {str(k).replace("-", "_"): ({str(sk).replace("-", "_"): sv for sk, sv in v.items()}
+                                        if isinstance(v, dict) else v)
+            for k, v in loaded.items()}
 
 
 def load_config_file(path: str) -> dict[str, Any]:
