@@ -1,0 +1,66 @@
+"""smdist_tf builds and runs against the ``tensorflow`` package, the CUDA-capable one users install by default.
+
+The suite itself runs on ``tensorflow-cpu``. Here a fresh virtual environment gets
+``tensorflow`` of the same version alone (``--no-deps``); everything else (Keras,
+NumPy, Open MPI, pytest) comes from this environment's site-packages through a
+``.pth`` line, which Python appends after the new environment's own packages, so
+``import tensorflow`` finds the ``tensorflow`` distribution. A copy of the source
+tree is built against it, and a smoke subset of the suite runs in that copy: the
+single-process tests, every collective and error path at 2 ranks, and Keras
+training at 2 ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import tensorflow as tf
+
+from tests.mpi_harness import ROOT, mpi_env, run_process_group
+
+SMOKE = ["tests/test_single_process.py", "tests/test_collectives_multiprocess.py", "tests/test_keras_multiprocess.py",
+         "-k", "not 4 and not example"]
+
+
+def run(argv: list[str], cwd: Path, timeout: float, env: dict) -> str:
+    """Runs ``argv`` in a process group of its own (killed whole on timeout); returns its output."""
+    code, out = run_process_group(argv, cwd, env, timeout)
+    assert code == 0, f"{argv} failed (exit {code}):\n{out[-8000:]}"
+    return out
+
+
+class TensorflowPackageTest(tf.test.TestCase):
+    def test_the_build_and_a_smoke_subset_run_against_the_tensorflow_package(self):
+        tmp = Path(tempfile.mkdtemp(prefix="tensorflow_package_lane_"))
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        env = mpi_env()
+        env.pop("PYTHONPATH")  # the source tree must stay out of sight until the copy is built
+
+        venv = tmp / "venv"
+        run([sys.executable, "-m", "venv", str(venv)], tmp, 120, env)
+        python = str(venv / "bin" / "python")
+        site = next((venv / "lib").glob("python3.*/site-packages"))
+        (site / "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        run([python, "-m", "pip", "install", "--no-deps", "-q", f"tensorflow=={tf.__version__}"], tmp, 900, env)
+        probe = run([python, "-c", "import json, tensorflow as tf; print(json.dumps([tf.__version__, tf.__file__, "
+                                   "tf.sysconfig.get_build_info()['is_cuda_build']]))"], tmp, 300, env)
+        version, location, cuda_build = json.loads(probe.strip().splitlines()[-1])
+        self.assertEqual(version, tf.__version__)
+        self.assertTrue(location.startswith(str(site)), location)  # the new package, not tensorflow-cpu
+        self.assertTrue(cuda_build)
+
+        tree = tmp / "source"
+        shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "__pycache__",
+                                                                  "*.so", "build_info.json", "*.egg-info"))
+        run([python, "cc_ops/build.py"], tree, 900, env)
+        self.assertEqual(json.loads((tree / "smdist_tf" / "build_info.json").read_text())["tensorflow_version"],
+                         tf.__version__)
+        env["PYTHONPATH"] = str(tree)
+        out = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SMOKE], tree, 1200, env)
+        self.assertRegex(out, r"\d+ passed")
+        self.assertNotRegex(out, r"\d+ (failed|error)")
