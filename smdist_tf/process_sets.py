@@ -64,14 +64,6 @@ class ProcessSet:
     def _invalidate(self) -> None:
         self.process_set_id = None
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ProcessSet):
-            return NotImplemented
-        return self.process_set_id == other.process_set_id and self.ranks == other.ranks
-
-    def __hash__(self) -> int:
-        return hash((self.process_set_id, tuple(self.ranks or ())))
-
     def __repr__(self) -> str:
         # Horovod's spelling, which scripts and tests compare against.
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"

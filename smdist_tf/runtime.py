@@ -28,7 +28,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             ``add_process_set``/``remove_process_set`` later (see docs/process-sets.md).
 
     Raises:
-        ValueError: if ``comm`` is given, or ``process_sets`` once already initialized.
+        ValueError: if ``comm`` is given, or ``process_sets`` while already initialized with process sets.
         ValueError: if an ``SMDIST_*``/``HOROVOD_*`` setting is malformed (the message names it).
         ValueError: on every rank, if the ranks register different or invalid process sets.
         RuntimeError: if MPI cannot be started.
