@@ -201,10 +201,14 @@ Status Engine::StreamOf(int32_t id, std::shared_ptr<CollectiveStream>* out) cons
   }
   auto set = process_sets_.find(id);
   if (set == process_sets_.end()) return Status::InvalidArgument("process set " + std::to_string(id) + " is not registered");
-  std::string ranks;
-  for (int r : set->second) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  return NotAMemberLocked(id, set->second);
+}
+
+Status Engine::NotAMemberLocked(int32_t id, const std::vector<int>& ranks) const {
+  std::string text;
+  for (int r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
   return Status::InvalidArgument("rank " + std::to_string(topology_.rank) + " is not a member of process set " +
-                                 std::to_string(id) + " (ranks [" + ranks + "])");
+                                 std::to_string(id) + " (ranks [" + text + "])");
 }
 
 Status Engine::Enqueue(std::vector<TensorEntry> entries, bool run_inline) {
@@ -302,7 +306,7 @@ std::vector<int32_t> Engine::ProcessSetIds() const {
   return ids;
 }
 
-Status Engine::Membership(int32_t process_set_id, ProcessSetMembership* out) const {
+Status Engine::Membership(int32_t process_set_id, ProcessSetMembership* out, bool require_member) const {
   std::lock_guard<std::mutex> state(state_mu_);
   if (!initialized_) {
     return Status::PreconditionFailed("smdist_tf has not been initialized: call smdist_tf.init() first");
@@ -314,6 +318,7 @@ Status Engine::Membership(int32_t process_set_id, ProcessSetMembership* out) con
   out->ranks = set->second;
   auto at = std::lower_bound(out->ranks.begin(), out->ranks.end(), topology_.rank);
   out->rank = at != out->ranks.end() && *at == topology_.rank ? static_cast<int>(at - out->ranks.begin()) : -1;
+  if (require_member && out->rank < 0) return NotAMemberLocked(process_set_id, out->ranks);
   return Status::OK();
 }
 

@@ -80,8 +80,9 @@ class Engine {
   Status RemoveProcessSet(int32_t id);
   // The registered sets' ids, 0 first.
   std::vector<int32_t> ProcessSetIds() const;
-  // The set's ranks and this rank's place in it; an error for an unknown id.
-  Status Membership(int32_t process_set_id, ProcessSetMembership* out) const;
+  // The set's ranks and this rank's place in it; an error for an unknown id,
+  // and with `require_member` for a set this rank is not in.
+  Status Membership(int32_t process_set_id, ProcessSetMembership* out, bool require_member = false) const;
 
   // Queues entries submitted together (they are negotiated in the same
   // cycle, so a group fuses) on their process set's stream (all entries of a
@@ -118,6 +119,8 @@ class Engine {
   void ReleaseLocked();
   // The stream of process set `id` on this rank, or an error saying why none.
   Status StreamOf(int32_t id, std::shared_ptr<CollectiveStream>* out) const;
+  // Why this rank may not use registered set `id` of `ranks`; state_mu_ held.
+  Status NotAMemberLocked(int32_t id, const std::vector<int>& ranks) const;
   // Process set 0 stopped by itself (a failure, a peer's, a stall): every
   // other stream and the point-to-point channel stop too.
   void OnGlobalStop(const std::string& reason);

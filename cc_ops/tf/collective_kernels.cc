@@ -110,15 +110,7 @@ class CollectiveKernel : public AsyncOpKernel {
   // This rank's place in the op's process set; an error when the set is
   // unknown or this rank is not a member (the engine refuses those too).
   absl::Status Membership(ProcessSetMembership* set) const {
-    Status s = Engine::Instance().Membership(process_set_id_, set);
-    if (s.ok() && set->rank < 0) {
-      std::string ranks;
-      for (int r : set->ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-      s = Status::InvalidArgument("rank " + std::to_string(Engine::Instance().topology().rank) +
-                                  " is not a member of process set " + std::to_string(process_set_id_) +
-                                  " (ranks [" + ranks + "])");
-    }
-    return bridge::ToTfStatus(s);
+    return bridge::ToTfStatus(Engine::Instance().Membership(process_set_id_, set, /*require_member=*/true));
   }
 
   // Inputs that are tensors to exchange: all but the name, which comes last.

@@ -16,21 +16,11 @@ import numpy as np
 import tensorflow as tf
 
 import smdist_tf as sd
+from tests.mp.engine_restart import restart_engine
 from tests.mp.collective_expectations import all_rank_values, expected_reduction
 
 RANK, SIZE = sd.rank(), sd.size()
 LAST = SIZE - 1
-
-
-def restart_engine(**env: str) -> None:
-    """Restarts the engine on every rank with extra environment settings ('' removes one)."""
-    sd.shutdown()
-    for key, value in env.items():
-        if value:
-            os.environ[key] = value
-        else:
-            os.environ.pop(key, None)
-    sd.init()
 
 
 class CapturedStderr:

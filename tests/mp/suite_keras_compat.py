@@ -212,6 +212,8 @@ class PartialDistributedOptimizerTest(CompatTest):
             hvd.PartialDistributedOptimizer(keras.optimizers.SGD(), local_layers=["first"])
         with self.assertRaisesRegex(ValueError, "must be a ProcessSet"):
             hvd.PartialDistributedOptimizer(keras.optimizers.SGD(), process_set=object())
+        with self.assertRaisesRegex(TypeError, "takes a Keras 3 optimizer"):
+            hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
 
 
 @keras.saving.register_keras_serializable(package="smdist_compat")

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 import smdist_tf as sd
 from tests.mp import rank_guards
+from tests.mp.engine_restart import restart_engine
 from smdist_tf import process_sets as _process_sets
 from smdist_tf._native import runtime as _rt
 from tests.mp.collective_expectations import (
@@ -101,13 +102,7 @@ def restart(process_sets=None, **env: str) -> None:
         # shutdown() fails every rank's pending collectives, on any set: wait until all are done
         # (a rank may still be in a collective on a set of its own while another comes here).
         sd.barrier()
-    sd.shutdown()
-    for key, value in env.items():
-        if value:
-            os.environ[key] = value
-        else:
-            os.environ.pop(key, None)
-    sd.init(process_sets=process_sets)
+    restart_engine(process_sets, **env)
 
 
 def _root(ps) -> int:
@@ -673,6 +668,18 @@ class NotAMemberTest(tf.test.TestCase):
                 run(ps, ps.size())
             self.assertAllClose(sd.allreduce(tf.constant([float(RANK)]), op=sd.Sum, process_set=ps), [sum(ps.ranks)])
         self.assertAllClose(sd.allreduce(tf.constant([1.0]), op=sd.Sum), [SIZE])
+
+    def test_strategy_and_tape_on_a_set_this_rank_is_not_in(self):
+        for ps in other_sets():
+            with self.subTest(set=ps.ranks):
+                with self.assertRaisesRegex(ValueError, f"rank {RANK} is not a member"):
+                    sd.DataParallelStrategy(process_set=ps)
+                # As Horovod: the tape leaves an outsider's gradients as they are.
+                x = tf.Variable([float(RANK + 1)])
+                with tf.GradientTape() as tape:
+                    loss = 3.0 * tf.reduce_sum(x)
+                grads = sd.DistributedGradientTape(tape, process_set=ps).gradient(loss, [x])
+                self.assertAllClose(grads[0], [3.0])
 
     def test_unregistered_or_foreign_sets_raise_value_error(self):
         never = sd.ProcessSet([0])
