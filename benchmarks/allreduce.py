@@ -5,6 +5,7 @@ Run the driver, which launches ``mpirun`` itself (one job per phase) and prints 
     python benchmarks/allreduce.py --np 2            # full run
     python benchmarks/allreduce.py --np 4 --quick    # smoke run
     python benchmarks/allreduce.py --process-set --sizes 64K,1M,16M --dtypes float32
+    python benchmarks/allreduce.py --device gpu      # GPU: NCCL through the engine vs raw (gpu_allreduce.py)
 
 Phases (each its own ``mpirun`` job, because a MultiWorkerMirroredStrategy must be built before
 any other TensorFlow op runs in its process):
@@ -30,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -40,7 +40,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from smdist_tf.run.session_dir import BASE_VARIABLE, private_session_base
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder's modules, also when imported
+# `--device gpu` runs where TensorFlow may be missing (the GPU machine): its own module,
+# before anything imports smdist_tf.
+if __name__ == "__main__" and "--device" in sys.argv[1:]:
+    from gpu_allreduce import main as gpu_main
+
+    sys.exit(gpu_main(sys.argv[1:]))
+
+from engine_only import parse_sizes  # noqa: E402
+from smdist_tf.run.session_dir import BASE_VARIABLE, private_session_base  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -57,20 +66,6 @@ MANY_SMALL_COUNT, MANY_SMALL_BYTES = 2048, 1 << 10
 
 # ----------------------------------------------------------------------------- shared helpers
 
-
-def parse_size(text: str) -> int:
-    """Parses ``4K``, ``1M``, ``64MiB`` or a plain byte count.
-
-    Args:
-        text: the size as typed on the command line.
-
-    Returns:
-        The size in bytes.
-    """
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.I)
-    if not m:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}; use e.g. 4K, 1M, 64M")
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
 
 
 def resnet50_shapes() -> list[tuple[int, ...]]:
@@ -913,7 +908,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--np", type=int, default=2, help="ranks to launch (driver only)")
     p.add_argument("--quick", action="store_true", help="sizes 4K and 1M, 3 repetitions: a smoke run")
-    p.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",") if x],
+    p.add_argument("--sizes", type=parse_sizes,
                    help="comma-separated sizes, e.g. 4K,1M,64M (default 4K..64M in powers of 4)")
     p.add_argument("--iters", type=int, help="timed repetitions per case; the median is reported (default 5)")
     p.add_argument("--repeat", type=int, default=1,

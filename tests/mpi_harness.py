@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import smdist_tf
+from tests.process_group import run_process_group  # noqa: F401 - the suites' entry point too
 from smdist_tf.run.session_dir import BASE_VARIABLE, private_session_base
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,21 +37,6 @@ def mpi_env(extra: dict | None = None) -> dict:
     env.update(extra or {})
     return env
 
-
-def run_process_group(argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[int, str]:
-    """Runs ``argv`` in its own process group; returns (exit code, combined output).
-
-    The whole group is killed on timeout so a hung job cannot outlive the test.
-    """
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return 124, f"TIMED OUT after {timeout} s\n{out}"
-    return proc.returncode, out
 
 
 def run_under_mpi(np: int, argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:

@@ -5,6 +5,8 @@ unchanged on a laptop without mpirun.
 """
 
 import ast
+import ctypes
+import os
 import re
 import shlex
 import shutil
@@ -48,11 +50,25 @@ class BeforeInitTest(tf.test.TestCase):
         self.assertIn("OK", result.stdout, result.stderr[-3000:])
 
 
+def loads(forced: str | None, *sonames: str) -> bool:
+    """Whether the dynamic loader finds a library the way the engine looks for it (a named path wins)."""
+    for name in [forced] if forced else sonames:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            pass
+    return False
+
+
 class BuildTest(tf.test.TestCase):
     def test_build_introspection(self):
         self.assertTrue(sd.mpi_built())
-        self.assertFalse(sd.nccl_built())
-        self.assertFalse(sd.cuda_built())
+        # NCCL and the CUDA runtime are loaded at run time: the flags say whether they load on this machine.
+        cuda = loads(os.environ.get("SMDIST_CUDA_RUNTIME_LIBRARY"), "libcudart.so.13", "libcudart.so.12", "libcudart.so")
+        nccl = loads(os.environ.get("SMDIST_NCCL_LIBRARY"), "libnccl.so.2", "libnccl.so")
+        self.assertEqual(sd.cuda_built(), cuda)
+        self.assertEqual(sd.nccl_built(), nccl and cuda)
         info = sd.get_build_info()
         self.assertEqual(info["tensorflow_version"], tf.__version__)
         self.assertIn(info["mpi_flavour"], ("openmpi", "mpich"))

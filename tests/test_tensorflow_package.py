@@ -8,11 +8,17 @@ NumPy, Open MPI, pytest) comes from this environment's site-packages through a
 tree is built against it, and a smoke subset of the suite runs in that copy: the
 single-process tests, every collective and error path at 2 ranks, and Keras
 training at 2 ranks.
+
+The same copy then builds the GPU variant (``scripts/build_gpu.sh``, reusing this
+environment as its side venv): compiled only, since there is no GPU here, and
+checked through TensorFlow's kernel registry, which must list a ``GPU`` kernel for
+every op in cc_ops/tf/collective_ops.cc. That adds about 40 s on 2 cores.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import sysconfig
@@ -56,10 +62,30 @@ class TensorflowPackageTest(tf.test.TestCase):
 
         tree = tmp / "source"
         shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "__pycache__",
-                                                                  "*.so", "build_info.json", "*.egg-info"))
+                                                                  "*.so", "build_info.json", "*.egg-info",
+                                                                  ".venv-gpu"))
         run([python, "cc_ops/build.py"], tree, 900, env)
-        self.assertEqual(json.loads((tree / "smdist_tf" / "build_info.json").read_text())["tensorflow_version"],
-                         tf.__version__)
+        info = json.loads((tree / "smdist_tf" / "build_info.json").read_text())
+        self.assertEqual(info["tensorflow_version"], tf.__version__)
+        self.assertFalse(info["gpu_kernels"])  # the CUDA-capable package alone does not make a GPU build
+
+        # The GPU variant, into a folder of its own: the CPU build in the copy stays as it is.
+        cpu_ops_mtime = (tree / "smdist_tf" / "smdist_tf_ops.so").stat().st_mtime_ns
+        gpu_out = tmp / "gpu" / "smdist_tf"
+        listing = run(["bash", "scripts/build_gpu.sh"], tree, 900,
+                      {**env, "SMDIST_BASE_PYTHON": sys.executable, "SMDIST_GPU_VENV": str(venv),
+                       "SMDIST_GPU_OUT": str(gpu_out)})
+        self.assertNotIn("installing tensorflow", listing)  # the lane's environment was reused
+        self.assertTrue(json.loads((gpu_out / "build_info.json").read_text())["gpu_kernels"])
+        ops = re.findall(r'REGISTER_OP\("(\w+)"\)', (tree / "cc_ops" / "tf" / "collective_ops.cc").read_text())
+        self.assertIn("SmdistAllreduce", ops)
+        for op in ops:
+            self.assertRegex(listing, f'op: "{op}"\ndevice_type: "GPU"')
+            self.assertRegex(listing, f'op: "{op}"\ndevice_type: "CPU"')
+        self.assertRegex(listing, r'op: "SmdistAlltoall"\ndevice_type: "GPU"\nhost_memory_arg: "splits"\n'
+                                  r'host_memory_arg: "tensor_name"\nhost_memory_arg: "received_splits"')
+        self.assertIn(f"OK: a GPU and a CPU kernel for each of the {len(ops)} collective ops", listing)
+        self.assertEqual((tree / "smdist_tf" / "smdist_tf_ops.so").stat().st_mtime_ns, cpu_ops_mtime)
         env["PYTHONPATH"] = str(tree)
         out = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SMOKE], tree, 1200, env)
         self.assertRegex(out, r"\d+ passed")

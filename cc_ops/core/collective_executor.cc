@@ -2,10 +2,11 @@
 
 #include <string>
 
-#include "common/copy_bytes.h"
+#include "common/cuda_runtime.h"
 #include "common/reduction.h"
 #include "common/span_staging.h"
 #include "control/coordinator.h"
+#include "host_staging.h"
 
 namespace smdist {
 namespace {
@@ -51,10 +52,35 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
   for (const TensorEntry& e : *entries) {
     if (e.ready_event && ready.ok()) ready = e.ready_event->Wait();
   }
+  // GPU tensors go to a device transport when one takes the whole response;
+  // otherwise through host memory, for the host transports.
+  HostStaging staging;
+  Status staged;
+  Status refused;
+  const bool moves_data = response.response_type != ResponseType::kError &&
+                          response.type != CollectiveType::kBarrier && response.type != CollectiveType::kJoin;
+  on_device_ = false;
+  if (moves_data && !(*entries)[0].device.is_cpu()) {
+    DataTransport* device_transport = response.joined.empty() ? FirstEnabled(data_plane_, WorkOf(*entries)) : nullptr;
+    if (device_transport != nullptr) {
+      on_device_ = true;
+      device_ = (*entries)[0].device.id;
+      Status used = device_transport->UseDevice((*entries)[0].device, (*entries)[0].stream);
+      if (used.code() == StatusCode::kPreconditionFailed) {
+        refused = used;  // the same on every rank: fail the collective, keep going
+      } else {
+        transport_status = used;
+      }
+    } else {
+      const auto t0 = Timeline::Clock::now();
+      staged = staging.StageIn(entries, topology_.size, topology_.rank);
+      Trace("MEMCPY_IN_HOST_BUFFER", t0);
+    }
+  }
   if (response.response_type == ResponseType::kError) {
     result = response.invalid_input ? Status::InvalidArgument(response.error)
                                     : Status::PreconditionFailed(response.error);
-  } else {
+  } else if (transport_status.ok() && refused.ok()) {
     switch (response.type) {
       case CollectiveType::kAllreduce:
         transport_status = Allreduce(entries);
@@ -78,7 +104,18 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
         *static_cast<int32_t*>((*entries)[0].output) = response.last_joined;
         break;
     }
-    result = !transport_status.ok() ? transport_status : !ready.ok() ? ready : entry_status_;
+  }
+  if (response.response_type != ResponseType::kError) {
+    if (staged.ok() && transport_status.ok()) {
+      const auto t0 = Timeline::Clock::now();
+      staged = staging.StageOut();
+      Trace("MEMCPY_OUT_HOST_BUFFER", t0);
+    }
+    result = !transport_status.ok() ? transport_status
+             : !refused.ok()        ? refused
+             : !ready.ok()          ? ready
+             : !staged.ok()         ? staged
+                                    : entry_status_;
   }
   if (response.response_type == ResponseType::kError) {
     Trace("ERROR", start);
@@ -112,6 +149,20 @@ bool CollectiveExecutor::FoldedPostscale(const TensorEntry& first, double* posts
   *postscale = first.postscale;
   if (first.reduce_op == ReduceOp::kAverage) *postscale /= contributors_;
   return true;
+}
+
+Status CollectiveExecutor::Scratch(int64_t bytes, void** out) {
+  if (!on_device_) {
+    scratch_.resize(static_cast<size_t>(bytes));
+    *out = scratch_.data();
+    return Status::OK();
+  }
+  Status why;
+  const CudaRuntime* cuda = CudaRuntime::Get(&why);
+  if (cuda == nullptr) return why;
+  SMDIST_RETURN_IF_ERROR(device_scratch_.Reserve(cuda, device_, static_cast<size_t>(bytes)));
+  *out = device_scratch_.data();
+  return Status::OK();
 }
 
 uint8_t* CollectiveExecutor::FusionBuffer(int64_t bytes) {
@@ -179,10 +230,7 @@ Status CollectiveExecutor::AllreduceStep(const smdist::AllreduceStep& step, cons
 }
 
 DataTransport* CollectiveExecutor::TransportFor(const TensorEntry& entry) {
-  CollectiveWork work;
-  work.type = entry.type;
-  work.device = entry.device;
-  DataTransport* transport = FirstEnabled(data_plane_, work);
+  DataTransport* transport = FirstEnabled(data_plane_, WorkOf(entry));
   if (transport == nullptr) {
     entry_status_ = Status::PreconditionFailed(std::string("no transport in this build runs ") +
                                                CollectiveTypeName(entry.type) + " on " + entry.device.ToString());
@@ -203,12 +251,9 @@ Status CollectiveExecutor::Allgather(TensorEntry* e, const std::vector<int64_t>&
   else out_shape[0] = rows;
   void* out = nullptr;
   entry_status_ = e->allocate_output(out_shape, &out);
-  // An allocation failure on one rank must not leave the others inside MPI:
-  // take part with a scratch buffer, then report the failure.
-  if (!entry_status_.ok()) {
-    scratch_.resize(NumElements(out_shape) * DataTypeSize(e->dtype));
-    out = scratch_.data();
-  }
+  // An allocation failure on one rank must not leave the others inside the
+  // collective: take part with a scratch buffer, then report the failure.
+  if (!entry_status_.ok()) SMDIST_RETURN_IF_ERROR(Scratch(NumElements(out_shape) * DataTypeSize(e->dtype), &out));
   if (rows * row == 0) return Status::OK();
   DataTransport* transport = TransportFor(*e);
   if (transport == nullptr) return Status::OK();
@@ -217,14 +262,10 @@ Status CollectiveExecutor::Allgather(TensorEntry* e, const std::vector<int64_t>&
 
 Status CollectiveExecutor::Broadcast(TensorEntry* e) {
   const int64_t count = NumElements(e->shape);
-  const size_t elem = DataTypeSize(e->dtype);
   if (count == 0) return Status::OK();
   DataTransport* transport = TransportFor(*e);
   if (transport == nullptr) return Status::OK();
-  if (topology_.rank == e->root_rank && e->output != e->input) {
-    CopyBytes(e->output, e->input, count * elem);
-  }
-  return transport->Broadcast(e->output, count, e->dtype, e->root_rank);
+  return transport->Broadcast(e->input, e->output, count, e->dtype, e->root_rank);
 }
 
 Status CollectiveExecutor::Alltoall(TensorEntry* e, const std::vector<int64_t>& matrix) {
@@ -243,10 +284,7 @@ Status CollectiveExecutor::Alltoall(TensorEntry* e, const std::vector<int64_t>& 
   out_shape[0] = rows;
   void* out = nullptr;
   entry_status_ = e->allocate_output(out_shape, &out);
-  if (!entry_status_.ok()) {
-    scratch_.resize(NumElements(out_shape) * DataTypeSize(e->dtype));
-    out = scratch_.data();
-  }
+  if (!entry_status_.ok()) SMDIST_RETURN_IF_ERROR(Scratch(NumElements(out_shape) * DataTypeSize(e->dtype), &out));
   if (e->set_received_splits) e->set_received_splits(received);
   DataTransport* transport = TransportFor(*e);
   if (transport == nullptr) return Status::OK();
@@ -264,14 +302,17 @@ Status CollectiveExecutor::Reducescatter(TensorEntry* e) {
     total += counts[r];
   }
   if (total == 0) return Status::OK();
+  DataTransport* transport = TransportFor(*e);
+  if (transport == nullptr) return Status::OK();
+  if (on_device_) {  // the device transport finishes Average itself; no scaling (Enabled)
+    return transport->ReduceScatter(e->input, e->output, counts, e->dtype, e->reduce_op);
+  }
   const void* send = e->input;
   if (e->prescale != 1.0) {
     scratch_.resize(total * elem);
     ScaleInto(e->dtype, e->input, scratch_.data(), total, e->prescale);
     send = scratch_.data();
   }
-  DataTransport* transport = TransportFor(*e);
-  if (transport == nullptr) return Status::OK();
   const int me = topology_.rank;
   SMDIST_RETURN_IF_ERROR(
       transport->ReduceScatter(send, e->output, counts, e->dtype, WireOp(e->reduce_op)));

@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "common/cuda_runtime.h"
 #include "common/tensor_entry.h"
 #include "control/fusion_planner.h"
 #include "control/message.h"
@@ -46,6 +47,9 @@ class CollectiveExecutor {
   // The transport for a non-allreduce collective on `entry`'s device, or null
   // (entry_status_ then says why).
   DataTransport* TransportFor(const TensorEntry& entry);
+  // Memory to take part in a collective with when an output could not be
+  // allocated: on the host, or on the device for a device transport.
+  Status Scratch(int64_t bytes, void** out);
   // The host fusion buffer, grown to at least `bytes`.
   uint8_t* FusionBuffer(int64_t bytes);
 
@@ -71,6 +75,10 @@ class CollectiveExecutor {
   std::vector<std::string> tracing_;  // names of the response being executed
   std::vector<uint8_t> fusion_buffer_;  // reused across cycles
   std::vector<uint8_t> scratch_;
+  DeviceBuffer device_scratch_;
+  // Whether the current response runs on a device transport, and on which GPU.
+  bool on_device_ = false;
+  int device_ = -1;
   // Fails the current response's entries on this rank without a transport
   // failure: an output allocation that failed (the rank took part with scratch
   // memory), or no transport for the tensors' device (which every rank finds).

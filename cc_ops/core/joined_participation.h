@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/tensor_entry.h"
+#include "common/zeroed_buffers.h"
 #include "control/message.h"
 
 namespace smdist {
@@ -19,9 +20,7 @@ class JoinedParticipation {
   TensorEntry Entry(const Request& params);
 
  private:
-  void* NewBuffer(int64_t bytes);
-
-  std::vector<std::unique_ptr<uint8_t[]>> buffers_;
+  ZeroedBuffers buffers_;
 };
 
 }  // namespace smdist

@@ -4,13 +4,11 @@
 // Each call blocks until the collective completed on this rank.
 #include "buffer_collectives.h"
 
-#include <future>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/tensor_entry.h"
-#include "engine.h"
+#include "engine_calls.h"
 #include "status_errors.h"
 
 namespace py = pybind11;
@@ -50,18 +48,6 @@ std::vector<int64_t> ContiguousShape(const py::buffer_info& b) {
   return std::vector<int64_t>(b.shape.begin(), b.shape.end());
 }
 
-// Submits `entry` and waits for it, without the GIL (the engine thread may run it).
-smdist::Status RunToCompletion(smdist::TensorEntry entry) {
-  auto finished = std::make_shared<std::promise<smdist::Status>>();
-  std::future<smdist::Status> result = finished->get_future();
-  entry.done = [finished](const smdist::Status& s) { finished->set_value(s); };
-  py::gil_scoped_release release;
-  std::vector<smdist::TensorEntry> entries;
-  entries.push_back(std::move(entry));
-  smdist::Status s = smdist::Engine::Instance().Enqueue(std::move(entries), /*run_inline=*/true);
-  return s.ok() ? result.get() : s;
-}
-
 }  // namespace
 
 void DefineBufferCollectives(py::module_& m) {
@@ -89,7 +75,7 @@ void DefineBufferCollectives(py::module_& m) {
         // Where the data is said to live (-1: the host; n: GPU n). Host buffers named as
         // GPU ones test what ranks are told when no transport reaches a device.
         e.device = smdist::Device{device};
-        RaiseIfError(RunToCompletion(std::move(e)));
+        RaiseIfError(RunToCompletion({std::move(e)}));
       },
       py::arg("input"), py::arg("output"), py::arg("name"), py::arg("op"), py::arg("prescale") = 1.0,
       py::arg("postscale") = 1.0, py::arg("device") = -1, py::arg("process_set_id") = 0);
@@ -106,7 +92,7 @@ void DefineBufferCollectives(py::module_& m) {
         e.input = b.ptr;
         e.output = b.ptr;
         e.root_rank = root_rank;  // a world rank: the engine checks it against the set
-        RaiseIfError(RunToCompletion(std::move(e)));
+        RaiseIfError(RunToCompletion({std::move(e)}));
       },
       py::arg("buffer"), py::arg("root_rank"), py::arg("name"), py::arg("process_set_id") = 0);
 }

@@ -1,11 +1,13 @@
 // pybind11 bindings for engine lifetime, topology and build facts. Data passes
-// through here only in hooks: _copy_bytes (tests and benchmarks/copy_alias.py)
-// and the buffer collectives (buffer_collectives.cc: tests without TensorFlow);
-// users' collectives go through the TensorFlow ops.
+// through here only in hooks: _copy_bytes (tests and benchmarks/copy_alias.py),
+// the buffer collectives (buffer_collectives.cc: tests without TensorFlow) and
+// the device collectives (device_collectives.cc: GPU tests and benchmarks on
+// CuPy); users' collectives go through the TensorFlow ops.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "buffer_collectives.h"
+#include "device_collectives.h"
 #include "common/build_info.h"
 #include "common/copy_bytes.h"
 #include "engine.h"
@@ -75,8 +77,8 @@ PYBIND11_MODULE(_runtime, m) {
     return smdist::Engine::Instance().runtime_threads_multiple();
   });
   m.def("mpi_built", [] { return smdist::kMpiBuilt; });
-  m.def("nccl_built", [] { return smdist::kNcclBuilt; });
-  m.def("cuda_built", [] { return smdist::kCudaBuilt; });
+  m.def("nccl_built", [] { return smdist::NcclLoadable(); });
+  m.def("cuda_built", [] { return smdist::CudaRuntimeLoadable(); });
   m.def("config", [] {
     RequireTopology();
     const smdist::EngineConfig c = smdist::Engine::Instance().config();
@@ -97,6 +99,8 @@ PYBIND11_MODULE(_runtime, m) {
     d["timeline"] = c.timeline_path;
     d["timeline_mark_cycles"] = c.timeline_mark_cycles;
     d["log_level"] = smdist::LogLevelName(c.log_level);
+    d["gpu_operations"] = c.gpu_operations_nccl ? "NCCL" : "MPI";
+    d["gpu_hierarchical_allreduce"] = c.gpu_hierarchical_allreduce;
     // What the transport actually chose (the settings above are only wishes).
     d["intra_host_allreduce"] = smdist::Engine::Instance().intra_host_allreduce();
     return d;
@@ -127,6 +131,7 @@ PYBIND11_MODULE(_runtime, m) {
                                                             static_cast<smdist::WireCompression>(wire), prescale);
   });
   smdist_python::DefineBufferCollectives(m);
+  smdist_python::DefineDeviceCollectives(m);
   m.def("_shared_output_bytes_in_use", [] { return smdist::Engine::Instance().shared_output_bytes_in_use(); });
   // The engine's bulk copy, exposed so it can be tested and timed at chosen offsets.
   // vector_loop=True takes the slow-case loop whatever the CPU, so tests cover it everywhere.

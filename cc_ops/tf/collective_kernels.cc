@@ -1,5 +1,9 @@
-// CPU kernels: validate, describe each tensor to the engine and complete
-// asynchronously when the engine is done. No communication happens here.
+// Collective kernels: validate, describe each tensor to the engine and
+// complete asynchronously when the engine is done. No communication happens
+// here. Each class serves the CPU and, in a build with GOOGLE_CUDA, the GPU
+// (registrations at the end): a GPU kernel only adds the device and stream its
+// tensors live on (tf_device.h), and keeps its outputs out of the host-memory
+// shared output arena.
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -11,6 +15,7 @@
 #include "engine.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tf_device.h"
 #include "tf_engine_bridge.h"
 
 namespace smdist {
@@ -81,13 +86,14 @@ constexpr int64_t kMinSharedOutputBytes = 64 * 1024;
 
 // Output `index` shaped like input `index`: the input itself when TensorFlow
 // lets us reduce in place (no second buffer to fill, and an input already in
-// the arena stays there), else in the shared output arena when there is room,
-// else allocated by TensorFlow. Eager inputs are never forwarded: Python holds them.
-absl::Status AllocateAllreduceOutput(OpKernelContext* ctx, int index, Tensor** out) {
+// the arena stays there), else in the shared output arena when there is room
+// (`host_memory`: the arena is host memory, so never for a GPU kernel), else
+// allocated by TensorFlow. Eager inputs are never forwarded: Python holds them.
+absl::Status AllocateAllreduceOutput(OpKernelContext* ctx, int index, bool host_memory, Tensor** out) {
   const Tensor& input = ctx->input(index);
   const int64_t bytes = static_cast<int64_t>(input.TotalBytes());
   if (ctx->forward_input_to_output_with_shape(index, index, input.shape(), out)) return absl::OkStatus();
-  if (bytes >= kMinSharedOutputBytes) {
+  if (host_memory && bytes >= kMinSharedOutputBytes) {
     if (auto block = Engine::Instance().AllocateSharedOutput(bytes)) {
       // TensorFlow's buffers are reference counted and delete themselves; the
       // RefCountPtr owns the one reference `new` creates.
@@ -102,7 +108,7 @@ absl::Status AllocateAllreduceOutput(OpKernelContext* ctx, int index, Tensor** o
 
 class CollectiveKernel : public AsyncOpKernel {
  public:
-  explicit CollectiveKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
+  explicit CollectiveKernel(OpKernelConstruction* c) : AsyncOpKernel(c), gpu_(bridge::IsGpuKernel(c)) {
     if (c->HasAttr("process_set_id")) OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
   }
 
@@ -134,7 +140,7 @@ class CollectiveKernel : public AsyncOpKernel {
     return count == 1 ? call_name : call_name + "." + std::to_string(index);
   }
 
-  // Fills the fields every entry shares from input `index`.
+  // Fills the fields every entry shares from input `index`, the device included.
   absl::Status Describe(const std::string& call_name, OpKernelContext* ctx, int index, int count,
                         TensorEntry* e) {
     const Tensor& input = ctx->input(index);
@@ -146,7 +152,7 @@ class CollectiveKernel : public AsyncOpKernel {
     e->process_set_id = process_set_id_;
     e->shape = bridge::ToDims(input.shape());
     e->input = input.tensor_data().data();
-    return absl::OkStatus();
+    return bridge::PlaceOnDevice(gpu_, ctx, e);
   }
 
   // Hands `entries` to the engine; on refusal completes the op with the error.
@@ -167,6 +173,9 @@ class CollectiveKernel : public AsyncOpKernel {
   }
 
   int process_set_id_ = 0;  // 0: all ranks
+  // A kernel registered for DEVICE_GPU: its data tensors are in GPU memory.
+  // Shapes, splits, names and Join's result stay on the host (HostMemory).
+  const bool gpu_;
 };
 
 class AllreduceKernel : public CollectiveKernel {
@@ -196,7 +205,7 @@ class AllreduceKernel : public CollectiveKernel {
       TensorEntry& e = entries[i];
       OP_REQUIRES_OK_ASYNC(ctx, Describe(call_name, ctx, i, n, &e), done);
       Tensor* out = nullptr;
-      OP_REQUIRES_OK_ASYNC(ctx, AllocateAllreduceOutput(ctx, i, &out), done);
+      OP_REQUIRES_OK_ASYNC(ctx, AllocateAllreduceOutput(ctx, i, /*host_memory=*/!gpu_, &out), done);
       e.output = const_cast<char*>(out->tensor_data().data());
       e.reduce_op = reduce_op_;
       e.prescale = prescale_;
@@ -403,6 +412,8 @@ class BarrierKernel : public CollectiveKernel {
 
 // Horovod's join(): completes once every rank has joined; meanwhile the
 // engine lets this rank take part in the others' collectives without data.
+// Its one output is a host scalar on either device, so its entry stays a host
+// entry (as Barrier's, which has no tensor at all).
 class JoinKernel : public CollectiveKernel {
  public:
   using CollectiveKernel::CollectiveKernel;
@@ -429,6 +440,30 @@ REGISTER_KERNEL_BUILDER(Name("SmdistReducescatter").Device(tensorflow::DEVICE_CP
                         ReducescatterKernel);
 REGISTER_KERNEL_BUILDER(Name("SmdistBarrier").Device(tensorflow::DEVICE_CPU), BarrierKernel);
 REGISTER_KERNEL_BUILDER(Name("SmdistJoin").Device(tensorflow::DEVICE_CPU), JoinKernel);
+
+#if GOOGLE_CUDA
+// The same classes on the GPU. What the kernel itself reads or writes on the
+// host is HostMemory: the name, alltoall's splits and received splits, join's
+// result. Data tensors are device memory, handed to the engine as they are.
+REGISTER_KERNEL_BUILDER(Name("SmdistAllreduce").Device(tensorflow::DEVICE_GPU).HostMemory("tensor_name"),
+                        AllreduceKernel);
+REGISTER_KERNEL_BUILDER(Name("SmdistBroadcast").Device(tensorflow::DEVICE_GPU).HostMemory("tensor_name"),
+                        BroadcastKernel);
+REGISTER_KERNEL_BUILDER(Name("SmdistAllgather").Device(tensorflow::DEVICE_GPU).HostMemory("tensor_name"),
+                        AllgatherKernel);
+REGISTER_KERNEL_BUILDER(Name("SmdistAlltoall")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("splits")
+                            .HostMemory("tensor_name")
+                            .HostMemory("received_splits"),
+                        AlltoallKernel);
+REGISTER_KERNEL_BUILDER(Name("SmdistReducescatter").Device(tensorflow::DEVICE_GPU).HostMemory("tensor_name"),
+                        ReducescatterKernel);
+REGISTER_KERNEL_BUILDER(Name("SmdistBarrier").Device(tensorflow::DEVICE_GPU).HostMemory("tensor_name"),
+                        BarrierKernel);
+REGISTER_KERNEL_BUILDER(Name("SmdistJoin").Device(tensorflow::DEVICE_GPU).HostMemory("last_joined_rank"),
+                        JoinKernel);
+#endif  // GOOGLE_CUDA
 
 }  // namespace
 }  // namespace smdist

@@ -192,6 +192,8 @@ class MalformedSettingTest(tf.test.TestCase):
         ("SMDIST_LOG_LEVEL", "loud"),
         ("HOROVOD_LOG_LEVEL", "2"),
         ("SMDIST_TIMELINE_MARK_CYCLES", "sometimes"),
+        ("SMDIST_GPU_OPERATIONS", "GLOO"),
+        ("HOROVOD_GPU_OPERATIONS", "nccl2"),
     ]
 
     def test_each_malformed_value_fails_init(self):
@@ -208,14 +210,18 @@ class MalformedSettingTest(tf.test.TestCase):
                 self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name=f"setting.{variable}"), [SIZE])
 
     def test_well_formed_values_are_taken(self):
-        restart_engine(SMDIST_FUSION_THRESHOLD="1e6", SMDIST_HIERARCHICAL_ALLREDUCE="false", HOROVOD_CYCLE_TIME="2.5")
+        self.assertEqual(sd.engine_config()["gpu_operations"], "NCCL")
+        restart_engine(SMDIST_FUSION_THRESHOLD="1e6", SMDIST_HIERARCHICAL_ALLREDUCE="false", HOROVOD_CYCLE_TIME="2.5",
+                       HOROVOD_GPU_OPERATIONS="mpi")
         try:
             config = sd.engine_config()
             self.assertEqual(config["fusion_threshold_bytes"], 1000000)
             self.assertFalse(config["hierarchical_allreduce"])
             self.assertEqual(config["cycle_time_ms"], 2.5)
+            self.assertEqual(config["gpu_operations"], "MPI")
         finally:
-            restart_engine(SMDIST_FUSION_THRESHOLD="", SMDIST_HIERARCHICAL_ALLREDUCE="", HOROVOD_CYCLE_TIME="")
+            restart_engine(SMDIST_FUSION_THRESHOLD="", SMDIST_HIERARCHICAL_ALLREDUCE="", HOROVOD_CYCLE_TIME="",
+                           HOROVOD_GPU_OPERATIONS="")
 
     def test_malformed_compression_fails_where_it_is_passed(self):
         for compression in ["fp16", None, 3]:

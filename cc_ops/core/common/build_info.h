@@ -4,7 +4,9 @@
 namespace smdist {
 
 constexpr bool kMpiBuilt = true;
-constexpr bool kNcclBuilt = false;
-constexpr bool kCudaBuilt = false;
+// Every build carries the GPU data plane and loads NCCL and the CUDA runtime
+// when first asked (transports/registry.cc): these say whether they load here.
+bool NcclLoadable();
+bool CudaRuntimeLoadable();
 
 }  // namespace smdist

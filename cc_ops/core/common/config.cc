@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 
@@ -76,6 +77,16 @@ Status ReadLogLevel(const char* ours, const char* horovod, LogLevel* out) {
   return Status::OK();
 }
 
+Status ReadGpuOperations(bool* nccl) {
+  const EnvValue v = FirstSet("SMDIST_GPU_OPERATIONS", "HOROVOD_GPU_OPERATIONS");
+  if (v.text == nullptr) return Status::OK();
+  std::string s = v.text;
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (s != "NCCL" && s != "MPI") return Malformed(v, "NCCL or MPI");
+  *nccl = s == "NCCL";
+  return Status::OK();
+}
+
 }  // namespace
 
 Status EngineConfig::FromEnvironment(EngineConfig* out) {
@@ -104,6 +115,8 @@ Status EngineConfig::FromEnvironment(EngineConfig* out) {
   SMDIST_RETURN_IF_ERROR(
       ReadFlag("SMDIST_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", &c.timeline_mark_cycles));
   SMDIST_RETURN_IF_ERROR(ReadLogLevel("SMDIST_LOG_LEVEL", "HOROVOD_LOG_LEVEL", &c.log_level));
+  SMDIST_RETURN_IF_ERROR(ReadGpuOperations(&c.gpu_operations_nccl));
+  SMDIST_RETURN_IF_ERROR(ReadFlag("SMDIST_GPU_HIERARCHICAL_ALLREDUCE", nullptr, &c.gpu_hierarchical_allreduce));
   const EnvValue host = FirstSet("SMDIST_HOSTNAME", nullptr);
   if (host.text != nullptr) {
     c.hostname = host.text;

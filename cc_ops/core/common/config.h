@@ -42,7 +42,14 @@ struct EngineConfig {
   std::string timeline_path;  // Chrome-trace output; empty disables
   // An instant event in the timeline for every cycle that ran collectives.
   bool timeline_mark_cycles = false;
-  LogLevel log_level = LogLevel::kWarning;  // less severe messages are dropped
+  LogLevel log_level = LogLevel::kWarning;
+  // GPU tensors travel over NCCL where every rank of a group can load it;
+  // false (SMDIST_GPU_OPERATIONS=MPI) stages them through host memory instead.
+  bool gpu_operations_nccl = true;
+  // Across hosts of equal rank count, reduce GPU tensors inside each host with
+  // NCCL and across hosts on host memory (SMDIST_GPU_HIERARCHICAL_ALLREDUCE=1);
+  // off, NCCL spans the hosts itself.
+  bool gpu_hierarchical_allreduce = false;  // less severe messages are dropped
 
   // Reads SMDIST_* (or HOROVOD_*) variables; a malformed value is an
   // InvalidArgument error naming the variable.

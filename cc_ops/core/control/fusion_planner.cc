@@ -20,6 +20,28 @@ std::pair<std::string, int64_t> FusionInfo(const Request& r) {
   return {key, NumElements(r.shape) * static_cast<int64_t>(DataTypeSize(wire))};
 }
 
+CollectiveWork WorkOf(const TensorEntry& first) {
+  CollectiveWork work;
+  work.type = first.type;
+  work.device = first.device;
+  work.dtype = first.dtype;
+  work.wire = first.type == CollectiveType::kAllreduce ? WireDataType(first.dtype, first.compression) : first.dtype;
+  work.prescaled = first.prescale != 1.0;
+  work.postscaled = first.postscale != 1.0;
+  work.op = first.reduce_op;
+  work.wire_bytes = NumElements(first.shape) * static_cast<int64_t>(DataTypeSize(work.wire));
+  return work;
+}
+
+CollectiveWork WorkOf(const std::vector<TensorEntry>& entries) {
+  CollectiveWork work = WorkOf(entries[0]);
+  work.num_tensors = entries.size();
+  for (size_t i = 1; i < entries.size(); ++i) {
+    work.wire_bytes += NumElements(entries[i].shape) * static_cast<int64_t>(DataTypeSize(work.wire));
+  }
+  return work;
+}
+
 DataTransport* FirstEnabled(const std::vector<DataTransport*>& transports, const CollectiveWork& work) {
   for (DataTransport* t : transports) {
     if (t->Enabled(work)) return t;
@@ -61,13 +83,7 @@ std::vector<AllreduceStep> FusionPlanner::PlanAllreduce(const std::vector<Tensor
   const DataType wire = WireDataType(first.dtype, first.compression);
   const int64_t elem = static_cast<int64_t>(DataTypeSize(first.dtype));
   const int64_t wire_elem = static_cast<int64_t>(DataTypeSize(wire));
-  CollectiveWork work;
-  work.device = first.device;
-  work.dtype = first.dtype;
-  work.wire = wire;
-  work.num_tensors = entries.size();
-  work.prescaled = first.prescale != 1.0;
-  for (const TensorEntry& e : entries) work.wire_bytes += NumElements(e.shape) * wire_elem;
+  const CollectiveWork work = WorkOf(entries);
 
   std::vector<AllreduceStep> steps;
   AllreduceStep all;

@@ -55,6 +55,10 @@ class FusionPlanner {
   int64_t threshold_bytes_;
 };
 
+// What `entry` asks of a transport; and `entries` (one response's), taken together.
+CollectiveWork WorkOf(const TensorEntry& entry);
+CollectiveWork WorkOf(const std::vector<TensorEntry>& entries);
+
 // The first of `transports` whose Enabled() accepts `work`, or null.
 DataTransport* FirstEnabled(const std::vector<DataTransport*>& transports, const CollectiveWork& work);
 

@@ -11,7 +11,10 @@ Status NotOffered(const DataTransport& t, const char* what) {
 Status DataTransport::Allgatherv(const void*, void*, const std::vector<int64_t>&, DataType) {
   return NotOffered(*this, "allgather");
 }
-Status DataTransport::Broadcast(void*, int64_t, DataType, int) { return NotOffered(*this, "broadcast"); }
+Status DataTransport::UseDevice(const Device&, void*) { return Status::OK(); }
+Status DataTransport::Broadcast(const void*, void*, int64_t, DataType, int) {
+  return NotOffered(*this, "broadcast");
+}
 Status DataTransport::Alltoallv(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&,
                                 DataType) {
   return NotOffered(*this, "alltoall");

@@ -27,6 +27,10 @@ struct CollectiveWork {
   int64_t wire_bytes = 0;               // all tensors together, in the wire type
   size_t num_tensors = 1;
   bool prescaled = false;               // inputs are multiplied before reducing
+  // Allreduce and reducescatter: the op asked for (Average too) and whether
+  // results are multiplied by a postscale factor other than 1.
+  ReduceOp op = ReduceOp::kSum;
+  bool postscaled = false;
 
   // Whether the tensors can be read where they lie: no conversion, no prescaling.
   bool readable_in_place() const { return wire == dtype && !prescaled; }
@@ -42,6 +46,13 @@ class DataTransport {
   // for the same work (the answer depends only on negotiated facts and on
   // settings the job shares), so every rank calls the same transport.
   virtual bool Enabled(const CollectiveWork& work) const = 0;
+  // Device transports queue the next calls' work on `stream` of `device`,
+  // after what the framework queued there, and return without waiting for it
+  // (the framework's later work on that stream runs after it). Host transports
+  // ignore it. Called on every rank for the same work. A PreconditionFailed
+  // status is every rank's answer (the collective fails, the ranks stay in
+  // step); any other error stops the engine.
+  virtual Status UseDevice(const Device& device, void* stream);
 
   // Reduces `staging`'s tensors (its wire type) across the ranks with `op`
   // (Sum, Min, Max or Product; Average is Sum plus the executor's scaling)
@@ -51,11 +62,15 @@ class DataTransport {
   // Concatenates every rank's `send` into `recv` in rank order.
   virtual Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
                             DataType dtype);
-  virtual Status Broadcast(void* buffer, int64_t count, DataType dtype, int root);
+  // Rank `root`'s `input` into every rank's `output` (they may be one buffer;
+  // only the root's input is read).
+  virtual Status Broadcast(const void* input, void* output, int64_t count, DataType dtype, int root);
   virtual Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                            const std::vector<int64_t>& recv_counts, DataType dtype);
   // Reduces `send` (sum of recv_counts elements) across ranks; rank r keeps
-  // block r, recv_counts[r] elements long.
+  // block r, recv_counts[r] elements long. Host transports are given Sum,
+  // Min, Max or Product; device transports also Average, which they finish
+  // themselves.
   virtual Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
                                DataType dtype, ReduceOp op);
 };

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/build_info.h"
+#include "common/cuda_runtime.h"
 #include "common/logging.h"
 #include "transports/cma/cross_memory_allreduce.h"
 #include "transports/cma/path_calibration.h"
@@ -12,9 +14,15 @@
 #include "transports/mpi/mpi_runtime.h"
 #include "transports/mpi/mpi_types.h"
 #include "transports/mpi/stale_segments.h"
+#include "transports/nccl/hierarchical_allreduce.h"
+#include "transports/nccl/nccl_collectives.h"
+#include "transports/nccl/nccl_library.h"
 #include "transports/shm/shared_memory_allreduce.h"
 
 namespace smdist {
+
+bool NcclLoadable() { return NcclLibrary::Get(nullptr) != nullptr && CudaRuntimeLoadable(); }
+bool CudaRuntimeLoadable() { return CudaRuntime::Get(nullptr) != nullptr; }
 
 Status StartCommunicationRuntime(bool* threads_multiple) {
   for (const std::string& path : RemoveStaleSharedMemorySegments()) {
@@ -68,6 +76,27 @@ Status Transports::Assemble(const EngineConfig& config, std::shared_ptr<MpiCommu
   if (shm) t->data_.push_back(std::move(shm));
   t->data_.push_back(std::make_unique<MpiCollectives>(comms));
   t->control_ = std::make_unique<MpiControlPlane>(comms);
+  // GPU tensors: NCCL first, where every rank of the group can load it (one
+  // answer for all, or ranks would pick different transports); otherwise the
+  // executor stages them through host memory for the transports above.
+  const NcclLibrary* nccl = config.gpu_operations_nccl ? NcclLibrary::Get(nullptr) : nullptr;
+  const CudaRuntime* cuda = nccl != nullptr ? CudaRuntime::Get(nullptr) : nullptr;
+  std::vector<uint64_t> everywhere = {cuda != nullptr ? 1u : 0u};
+  SMDIST_RETURN_IF_ERROR(t->control_->AllreduceBits(&everywhere, /*bitwise_and=*/true));
+  if (everywhere[0] != 0) {
+    t->data_.insert(t->data_.begin(), std::make_unique<NcclCollectives>(nccl, cuda, t->control_.get(),
+                                                                        config.hostname));
+    if (multi_host && config.gpu_hierarchical_allreduce && topo.is_homogeneous) {
+      // Before flat NCCL, so it takes the allreduces; the rest stay on flat NCCL.
+      std::shared_ptr<MpiCommunicators> local, cross;
+      SMDIST_RETURN_IF_ERROR(MpiCommunicators::Create(comms->local(), config.hostname, &local));
+      SMDIST_RETURN_IF_ERROR(MpiCommunicators::Create(comms->cross(), config.hostname, &cross));
+      t->data_.insert(t->data_.begin(), std::make_unique<HierarchicalNcclAllreduce>(
+                                            nccl, cuda, std::make_unique<MpiControlPlane>(local),
+                                            std::make_unique<MpiCollectives>(cross), t->control_.get(),
+                                            config.hostname));
+    }
+  }
   return Status::OK();
 }
 

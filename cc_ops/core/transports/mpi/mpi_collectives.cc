@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "common/copy_bytes.h"
 #include "common/reduction.h"
 #include "transports/mpi/mpi_types.h"
 
@@ -72,8 +73,9 @@ Status MpiCollectives::Allgatherv(const void* send, void* recv, const std::vecto
   return MpiError(rc, "MPI_Allgatherv");
 }
 
-Status MpiCollectives::Broadcast(void* buffer, int64_t count, DataType dtype, int root) {
-  return MpiBroadcast(comms_->world(), buffer, count, dtype, root);
+Status MpiCollectives::Broadcast(const void* input, void* output, int64_t count, DataType dtype, int root) {
+  if (comms_->topology().rank == root && input != output) CopyBytes(output, input, count * DataTypeSize(dtype));
+  return MpiBroadcast(comms_->world(), output, count, dtype, root);
 }
 
 Status MpiCollectives::Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,

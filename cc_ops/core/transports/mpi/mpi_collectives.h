@@ -23,7 +23,7 @@ class MpiCollectives : public DataTransport {
   Status Allreduce(const SpanStaging& staging, ReduceOp op) override;
   Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
                     DataType dtype) override;
-  Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) override;
+  Status Broadcast(const void* input, void* output, int64_t count, DataType dtype, int root) override;
   Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                    const std::vector<int64_t>& recv_counts, DataType dtype) override;
   Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,

@@ -1,0 +1,130 @@
+"""GPU allreduce: smdist_tf's engine over NCCL against raw NCCL, and the host-staged path, one run.
+
+Run as ``python benchmarks/allreduce.py --device gpu [--sizes 1M,16M,64M,256M] [--repeat 2]``
+(or this file directly). Needs CuPy and a GPU, not TensorFlow: the engine is driven through
+its runtime module on CuPy arrays (tests/gpu/cupy_engine.py). Each case is one ``mpirun``
+job; cases alternate within each repeat so ratios compare the same minutes:
+
+* ``nccl_raw``: ``ncclAllReduce`` through CuPy's NCCL binding on one stream.
+* ``smdist_nccl``: the same tensors through the engine (negotiation, then NCCL on the stream).
+* ``smdist_staged``: ``SMDIST_GPU_OPERATIONS=MPI``: device -> host, the CPU allreduce, host -> device.
+
+On a machine with one GPU every NCCL case runs at one rank (NCCL refuses two ranks on one
+GPU), where an allreduce moves no bytes between ranks: busbw is 0 and the figure that
+compares is time (``algbw_GBps``: bytes / time). The staged case also runs at 2 ranks sharing
+the GPU. JSON lines; the last has ``"summary": true`` with smdist_nccl / nccl_raw per size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from engine_only import mpirun, parse_sizes, run_job, worker_or_driver  # noqa: E402
+
+SUM = 1
+
+
+
+def worker(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(ROOT))
+    from tests.gpu.cupy_engine import DeviceCollectives, load_runtime
+
+    rt = load_runtime(args.runtime_dir)
+    import cupy
+    from cupy.cuda import nccl
+
+    n = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    cupy.cuda.Device(0).use()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    if args.worker == "nccl_raw":
+        comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    else:
+        rt.init()
+        dc = DeviceCollectives(rt, 0, stream)
+    for size in args.sizes:
+        count = size // 4
+        with stream:
+            x = cupy.ones(count, dtype=cupy.float32)
+            y = cupy.empty_like(x)
+        if args.worker == "nccl_raw":
+            def once() -> None:
+                comm.allReduce(x.data.ptr, y.data.ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+        else:
+            def once() -> None:
+                dc.allreduce([x], [y], "float32", [f"bench.{size}"], SUM)
+        for _ in range(3):
+            once()
+        stream.synchronize()
+        iters, start = 0, time.perf_counter()
+        while iters < 3 or (time.perf_counter() - start < args.seconds and iters < 2000):
+            once()
+            iters += 1
+            if iters % 50 == 0:
+                stream.synchronize()
+        stream.synchronize()
+        secs = (time.perf_counter() - start) / iters
+        if float(y[:1].get()[0]) != float(n):
+            raise SystemExit(f"{args.worker}: wrong result {y[:1].get()[0]} (want {n})")
+        if rank == 0:
+            algbw = size / secs / 1e9
+            print(json.dumps({"system": args.worker, "np": n, "size_bytes": size, "seconds": secs, "iters": iters,
+                              "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n}), flush=True)
+    if args.worker != "nccl_raw":
+        rt.shutdown()
+
+
+def drive(args: argparse.Namespace) -> int:
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cases = [("nccl_raw", 1, {}), ("smdist_nccl", 1, {}), ("smdist_staged", 1, {"SMDIST_GPU_OPERATIONS": "MPI"}),
+             ("smdist_staged", 2, {"SMDIST_GPU_OPERATIONS": "MPI"})]
+    sizes = ",".join(str(s) for s in args.sizes)
+    records, failed = [], 0
+    for rep in range(args.repeat):
+        for system, np_, extra in cases:
+            cmd = [mpirun(), "-np", str(np_), "--oversubscribe", "--bind-to", "none", sys.executable, __file__,
+                   "--worker", system, "--sizes", sizes, "--seconds", str(args.seconds)]
+            if args.runtime_dir:
+                cmd += ["--runtime-dir", args.runtime_dir]
+            got = run_job(cmd, ROOT, {**env, **extra}, {"system": system, "np": np_}, rep)
+            failed += got is None
+            records += got or []
+
+    def median(system: str, np_: int, size: int) -> float | None:
+        times = [r["seconds"] for r in records if r["system"] == system and r["np"] == np_ and r["size_bytes"] == size]
+        return statistics.median(times) if times else None
+
+    summary = {"summary": True, "device": "gpu"}
+    for size in args.sizes:
+        raw, ours, staged = median("nccl_raw", 1, size), median("smdist_nccl", 1, size), median("smdist_staged", 1, size)
+        summary[str(size)] = {
+            "smdist_nccl_over_raw": raw / ours if raw and ours else None,
+            "smdist_staged_over_raw": raw / staged if raw and staged else None,
+            "raw_us": raw and raw * 1e6, "smdist_nccl_us": ours and ours * 1e6, "smdist_staged_us": staged and staged * 1e6,
+        }
+    print(json.dumps(summary), flush=True)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["gpu"], default="gpu")
+    parser.add_argument("--sizes", type=parse_sizes,
+                        default=[1 << 20, 16 << 20, 64 << 20, 256 << 20])
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=0.3, help="timed seconds per size and case")
+    parser.add_argument("--runtime-dir", help="where _runtime*.so is (default: smdist_tf/)")
+    parser.add_argument("--worker", choices=["nccl_raw", "smdist_nccl", "smdist_staged"])
+    return worker_or_driver(parser.parse_args(argv), worker, drive)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
