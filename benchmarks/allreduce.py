@@ -6,6 +6,7 @@ Run the driver, which launches ``mpirun`` itself (one job per phase) and prints 
     python benchmarks/allreduce.py --np 4 --quick    # smoke run
     python benchmarks/allreduce.py --process-set --sizes 64K,1M,16M --dtypes float32
     python benchmarks/allreduce.py --device gpu      # GPU: NCCL through the engine vs raw (gpu_allreduce.py)
+    python benchmarks/allreduce.py --process-set --engine-only   # the same case without TensorFlow
 
 Phases (each its own ``mpirun`` job, because a MultiWorkerMirroredStrategy must be built before
 any other TensorFlow op runs in its process):
@@ -20,7 +21,10 @@ any other TensorFlow op runs in its process):
 ``--process-set`` runs a case of its own instead: a 2-rank job alone (``pset_alone``), then a
 4-rank job (``pset_sets``) in which the process sets [0, 1] and [2, 3] run the eager allreduce
 at the same time, each within its set, and the same job's plain 4-rank allreduce; the summary
-gives each set's busbw as a fraction of the 2-rank job's and of the 4-rank job's.
+gives each set's busbw as a fraction of the 2-rank job's and of the 4-rank job's. With ``--engine-only``
+the case runs on NumPy buffers through the engine alone (``process_sets_engine.py``; ``--sizes``,
+``--repeat``, ``--runtime-dir``), where TensorFlow is missing: the 16-core GPU machine gives each of the
+four ranks a core, which the 2-core VM cannot.
 
 Every output line is one JSON object; the last one has ``"summary": true`` and the ratios the
 targets of issue #3 are judged by. Nothing here asserts performance.
@@ -47,6 +51,11 @@ if __name__ == "__main__" and "--device" in sys.argv[1:]:
     from gpu_allreduce import main as gpu_main
 
     sys.exit(gpu_main(sys.argv[1:]))
+# `--process-set --engine-only`: the same case on NumPy buffers through the engine alone.
+if __name__ == "__main__" and {"--process-set", "--engine-only"} <= set(sys.argv[1:]):
+    from process_sets_engine import main as engine_main
+
+    sys.exit(engine_main([a for a in sys.argv[1:] if a not in ("--process-set", "--engine-only")]))
 
 from engine_only import parse_sizes  # noqa: E402
 from smdist_tf.run.session_dir import BASE_VARIABLE, private_session_base  # noqa: E402

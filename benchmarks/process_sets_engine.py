@@ -7,6 +7,7 @@ so it runs where TensorFlow is missing (the lent GPU machine, whose 16 cores giv
 ranks a core each; on 2 cores the sets can only share the cores and the figure says nothing).
 
     python benchmarks/process_sets_engine.py [--sizes 1M,16M,64M] [--repeat 3] [--runtime-dir DIR]
+    python benchmarks/allreduce.py --process-set --engine-only [same options]
 
 Each repeat runs the 2-rank job, then the 4-rank job (the plain 4-rank allreduce, then the
 sets [0, 1] and [2, 3] together); JSON lines, the last with ``"summary": true``: per size,

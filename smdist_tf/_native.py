@@ -6,8 +6,10 @@ import json
 import os
 import shlex
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Optional
 
 import tensorflow as tf
 
@@ -76,6 +78,20 @@ def point_at_pip_gpu_libraries(search_path: list[str]) -> None:
                 break
 
 
+def missing_gpu_kernels(info: dict, gpus: list) -> Optional[str]:
+    """What to tell a user whose TensorFlow sees GPUs while our ops have CPU kernels only, else None.
+
+    TensorFlow then places the collectives on the CPU and copies GPU tensors to the host and back:
+    correct, but not the NCCL path.
+    """
+    if not gpus or info.get("gpu_kernels"):
+        return None
+    return (f"smdist_tf: TensorFlow sees {len(gpus)} GPU(s), but these smdist_tf ops have CPU kernels only, so "
+            f"GPU tensors are copied to the host for every collective. Build the GPU variant "
+            f"(`bash scripts/build_gpu.sh`, or `python cc_ops/build.py --gpu` with the `tensorflow` package) "
+            f"to reduce them on the GPU with NCCL.")
+
+
 def load() -> tuple[ModuleType, ModuleType, dict]:
     """Checks the build and returns (runtime bindings, TF op module, build info)."""
     point_at_pip_gpu_libraries(sys.path)
@@ -84,6 +100,9 @@ def load() -> tuple[ModuleType, ModuleType, dict]:
     from smdist_tf import _runtime  # noqa: PLC0415 - after the version check on purpose
 
     ops = tf.load_op_library(str(_PACKAGE_DIR / "smdist_tf_ops.so"))
+    message = missing_gpu_kernels(info, tf.config.list_physical_devices("GPU"))
+    if message:
+        warnings.warn(message, stacklevel=2)
     return _runtime, ops, info
 
 

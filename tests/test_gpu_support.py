@@ -42,6 +42,18 @@ class PipGpuLibrariesTest(tf.test.TestCase):
                 self.assertEqual(os.environ["SMDIST_NCCL_LIBRARY"], "/opt/my/libnccl.so.2")
 
 
+class MissingGpuKernelsTest(tf.test.TestCase):
+    def test_gpus_with_a_cpu_only_build_are_told_how_to_build_the_gpu_variant(self):
+        message = _native.missing_gpu_kernels({"gpu_kernels": False}, ["GPU:0", "GPU:1"])
+        self.assertIn("sees 2 GPU(s)", message)
+        self.assertIn("scripts/build_gpu.sh", message)
+
+    def test_no_message_without_gpus_or_with_gpu_kernels(self):
+        self.assertIsNone(_native.missing_gpu_kernels({"gpu_kernels": False}, []))
+        self.assertIsNone(_native.missing_gpu_kernels({}, []))
+        self.assertIsNone(_native.missing_gpu_kernels({"gpu_kernels": True}, ["GPU:0"]))
+
+
 class BuildFlagsTest(tf.test.TestCase):
     def test_a_named_library_that_cannot_load_is_absent(self):
         probe = ("import smdist_tf as sd; import json; "

@@ -6,7 +6,6 @@
 #include "common/reduction.h"
 #include "common/span_staging.h"
 #include "control/coordinator.h"
-#include "host_staging.h"
 
 namespace smdist {
 namespace {
@@ -54,8 +53,8 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
   }
   // GPU tensors go to a device transport when one takes the whole response;
   // otherwise through host memory, for the host transports.
-  HostStaging staging;
   Status staged;
+  bool staged_in = false;  // this response's GPU tensors went to host memory
   Status refused;
   const bool moves_data = response.response_type != ResponseType::kError &&
                           response.type != CollectiveType::kBarrier && response.type != CollectiveType::kJoin;
@@ -73,7 +72,8 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
       }
     } else {
       const auto t0 = Timeline::Clock::now();
-      staged = staging.StageIn(entries, topology_.size, topology_.rank);
+      staged = staging_.StageIn(entries, topology_.size, topology_.rank);
+      staged_in = true;
       Trace("MEMCPY_IN_HOST_BUFFER", t0);
     }
   }
@@ -106,9 +106,9 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
     }
   }
   if (response.response_type != ResponseType::kError) {
-    if (staged.ok() && transport_status.ok()) {
+    if (staged_in && staged.ok() && transport_status.ok()) {
       const auto t0 = Timeline::Clock::now();
-      staged = staging.StageOut();
+      staged = staging_.StageOut();
       Trace("MEMCPY_OUT_HOST_BUFFER", t0);
     }
     result = !transport_status.ok() ? transport_status

@@ -13,6 +13,7 @@
 #include "control/fusion_planner.h"
 #include "control/message.h"
 #include "control/timeline.h"
+#include "host_staging.h"
 #include "transports/data_transport.h"
 #include "transports/topology.h"
 
@@ -76,6 +77,7 @@ class CollectiveExecutor {
   std::vector<uint8_t> fusion_buffer_;  // reused across cycles
   std::vector<uint8_t> scratch_;
   DeviceBuffer device_scratch_;
+  HostStaging staging_;  // GPU tensors no device transport takes
   // Whether the current response runs on a device transport, and on which GPU.
   bool on_device_ = false;
   int device_ = -1;

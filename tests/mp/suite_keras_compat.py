@@ -70,7 +70,10 @@ class NamesTest(CompatTest):
         self.assertEqual(everyone(hvd.local_rank()), list(range(SIZE)))  # one host
         self.assertEqual((hvd.local_size(), hvd.cross_rank(), hvd.cross_size()), (SIZE, 0, 1))
         self.assertTrue(hvd.is_initialized() and hvd.mpi_built())
-        self.assertFalse(hvd.nccl_built() or hvd.gloo_built() or hvd.cuda_built())
+        self.assertFalse(hvd.gloo_built())
+        # NCCL and the CUDA runtime load at run time: whether they load here (tests/test_single_process.py).
+        self.assertIsInstance(hvd.nccl_built(), bool)
+        self.assertIsInstance(hvd.cuda_built(), bool)
         self.assertIs(hvd.PipelineModel, PipelineModel)
         self.assertIs(hvd.callbacks, callbacks_module)
         for name in ("BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateScheduleCallback",

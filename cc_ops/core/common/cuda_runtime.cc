@@ -11,15 +11,17 @@ constexpr int kCudaMemcpyDefault = 4;  // direction from the pointers (unified a
 
 const CudaRuntime* CudaRuntime::Get(Status* why) {
   static std::once_flag once;
-  static std::unique_ptr<CudaRuntime> runtime;
+  // Never freed: device buffers and communicators released at process exit,
+  // after static destructors ran, still call into the library.
+  static CudaRuntime* runtime = nullptr;
   static Status load_status;
   std::call_once(once, [] {
     auto r = std::make_unique<CudaRuntime>();
     load_status = r->Load();
-    if (load_status.ok()) runtime = std::move(r);
+    if (load_status.ok()) runtime = r.release();
   });
-  if (!runtime && why != nullptr) *why = load_status;
-  return runtime.get();
+  if (runtime == nullptr && why != nullptr) *why = load_status;
+  return runtime;
 }
 
 Status CudaRuntime::Load() {
@@ -30,6 +32,8 @@ Status CudaRuntime::Load() {
   SMDIST_RETURN_IF_ERROR(library_.Function("cudaDeviceGetPCIBusId", &device_get_pci_bus_id_));
   SMDIST_RETURN_IF_ERROR(library_.Function("cudaMalloc", &malloc_));
   SMDIST_RETURN_IF_ERROR(library_.Function("cudaFree", &free_));
+  SMDIST_RETURN_IF_ERROR(library_.Function("cudaMallocHost", &malloc_host_));
+  SMDIST_RETURN_IF_ERROR(library_.Function("cudaFreeHost", &free_host_));
   SMDIST_RETURN_IF_ERROR(library_.Function("cudaMemcpyAsync", &memcpy_async_));
   SMDIST_RETURN_IF_ERROR(library_.Function("cudaStreamSynchronize", &stream_synchronize_));
   SMDIST_RETURN_IF_ERROR(library_.Function("cudaGetErrorString", &get_error_string_));
@@ -58,6 +62,12 @@ Status CudaRuntime::PciBusId(int device, std::string* out) const {
 Status CudaRuntime::Malloc(void** ptr, size_t bytes) const { return Check(malloc_(ptr, bytes), "cudaMalloc"); }
 
 void CudaRuntime::Free(void* ptr) const { free_(ptr); }
+
+Status CudaRuntime::MallocHost(void** ptr, size_t bytes) const {
+  return Check(malloc_host_(ptr, bytes), "cudaMallocHost");
+}
+
+void CudaRuntime::FreeHost(void* ptr) const { free_host_(ptr); }
 
 Status CudaRuntime::CopyAsync(void* dst, const void* src, size_t bytes, void* stream) const {
   if (bytes == 0) return Status::OK();

@@ -26,6 +26,10 @@ class CudaRuntime {
   Status PciBusId(int device, std::string* out) const;
   Status Malloc(void** ptr, size_t bytes) const;
   void Free(void* ptr) const;
+  // Page-locked host memory: copies to and from it run at the bus's speed and
+  // do not block the host, so it must outlive the copies queued on it.
+  Status MallocHost(void** ptr, size_t bytes) const;
+  void FreeHost(void* ptr) const;
   // Copies `bytes` between any two of host and device memory, in order on `stream`.
   Status CopyAsync(void* dst, const void* src, size_t bytes, void* stream) const;
   // Waits until everything queued on `stream` has run.
@@ -42,6 +46,8 @@ class CudaRuntime {
   int (*device_get_pci_bus_id_)(char*, int, int) = nullptr;
   int (*malloc_)(void**, size_t) = nullptr;
   int (*free_)(void*) = nullptr;
+  int (*malloc_host_)(void**, size_t) = nullptr;
+  int (*free_host_)(void*) = nullptr;
   int (*memcpy_async_)(void*, const void*, size_t, int, void*) = nullptr;
   int (*stream_synchronize_)(void*) = nullptr;
   const char* (*get_error_string_)(int) = nullptr;

@@ -1,5 +1,5 @@
 // Zero-filled host buffers that live as long as their owner: the neutral data
-// a rank inside join() takes part with, and host copies of GPU tensors.
+// a rank inside join() takes part with (joined_participation.h).
 #pragma once
 
 #include <algorithm>

@@ -7,15 +7,17 @@ namespace smdist {
 
 const NcclLibrary* NcclLibrary::Get(Status* why) {
   static std::once_flag once;
-  static std::unique_ptr<NcclLibrary> nccl;
+  // Never freed: device buffers and communicators released at process exit,
+  // after static destructors ran, still call into the library.
+  static NcclLibrary* nccl = nullptr;
   static Status load_status;
   std::call_once(once, [] {
     auto n = std::make_unique<NcclLibrary>();
     load_status = n->Load();
-    if (load_status.ok()) nccl = std::move(n);
+    if (load_status.ok()) nccl = n.release();
   });
-  if (!nccl && why != nullptr) *why = load_status;
-  return nccl.get();
+  if (nccl == nullptr && why != nullptr) *why = load_status;
+  return nccl;
 }
 
 Status NcclLibrary::Load() {
