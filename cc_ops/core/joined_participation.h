@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "common/tensor_entry.h"
-#include "common/zeroed_buffers.h"
 #include "control/message.h"
 
 namespace smdist {
@@ -20,7 +19,9 @@ class JoinedParticipation {
   TensorEntry Entry(const Request& params);
 
  private:
-  ZeroedBuffers buffers_;
+  void* NewBuffer(int64_t bytes);
+
+  std::vector<std::unique_ptr<uint8_t[]>> buffers_;
 };
 
 }  // namespace smdist
