@@ -115,13 +115,17 @@ def mpi_built() -> bool:
     return _rt.mpi_built()
 
 
-def nccl_built() -> bool:
-    """Whether this build has the NCCL transport."""
+def nccl_built() -> int:
+    """NCCL's version code (``NCCL_VERSION_CODE``, 22809 for 2.28.9) when NCCL and the CUDA runtime load here, else 0.
+
+    As Horovod's: truthy exactly when GPU tensors can travel over NCCL. The engine loads NCCL
+    at run time, so this says whether it loads on this machine (see docs/gpus.md).
+    """
     return _rt.nccl_built()
 
 
 def cuda_built() -> bool:
-    """Whether this build has CUDA kernels."""
+    """Whether the CUDA runtime loads here (the engine loads it at run time for GPU tensors)."""
     return _rt.cuda_built()
 
 

@@ -63,7 +63,7 @@ class BuildFlagsTest(tf.test.TestCase):
         out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=120)
         self.assertEqual(out.returncode, 0, out.stderr[-3000:])
-        self.assertEqual(out.stdout.strip().splitlines()[-1], "[false, false]")
+        self.assertEqual(out.stdout.strip().splitlines()[-1], "[0, false]")
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ PYBIND11_MODULE(_runtime, m) {
     return smdist::Engine::Instance().runtime_threads_multiple();
   });
   m.def("mpi_built", [] { return smdist::kMpiBuilt; });
-  m.def("nccl_built", [] { return smdist::NcclLoadable(); });
+  m.def("nccl_built", [] { return smdist::NcclVersionLoadable(); });
   m.def("cuda_built", [] { return smdist::CudaRuntimeLoadable(); });
   m.def("config", [] {
     RequireTopology();

@@ -6,7 +6,8 @@ namespace smdist {
 constexpr bool kMpiBuilt = true;
 // Every build carries the GPU data plane and loads NCCL and the CUDA runtime
 // when first asked (transports/registry.cc): these say whether they load here.
-bool NcclLoadable();
+// NCCL's version code (2.28.9: 22809) when NCCL and the CUDA runtime load, else 0.
+int NcclVersionLoadable();
 bool CudaRuntimeLoadable();
 
 }  // namespace smdist

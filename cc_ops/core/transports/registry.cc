@@ -21,7 +21,10 @@
 
 namespace smdist {
 
-bool NcclLoadable() { return NcclLibrary::Get(nullptr) != nullptr && CudaRuntimeLoadable(); }
+int NcclVersionLoadable() {
+  const NcclLibrary* nccl = NcclLibrary::Get(nullptr);
+  return nccl != nullptr && CudaRuntimeLoadable() ? nccl->VersionCode() : 0;
+}
 bool CudaRuntimeLoadable() { return CudaRuntime::Get(nullptr) != nullptr; }
 
 Status StartCommunicationRuntime(bool* threads_multiple) {

@@ -79,9 +79,14 @@ Status NcclLibrary::Check(int result, const char* call) const {
                          ", error " + std::to_string(result) + ")");
 }
 
-std::string NcclLibrary::Version() const {
+int NcclLibrary::VersionCode() const {
   int v = 0;
-  if (get_version_(&v) != 0) return "?";
+  return get_version_(&v) == 0 ? v : 0;
+}
+
+std::string NcclLibrary::Version() const {
+  const int v = VersionCode();
+  if (v == 0) return "?";
   // 2.9 and later encode major*10000 + minor*100 + patch.
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }

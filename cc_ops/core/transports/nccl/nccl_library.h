@@ -37,6 +37,8 @@ class NcclLibrary {
   Status Check(int result, const char* call) const;
   // "2.28.3": which NCCL was loaded.
   std::string Version() const;
+  // The same as NCCL_VERSION_CODE (22803).
+  int VersionCode() const;
   const std::string& library() const { return library_.path(); }
 
   int (*GetUniqueId)(NcclUniqueId*) = nullptr;
