@@ -57,10 +57,11 @@ _EXPORTS: dict[str, str] = {
     "_executing_eagerly": "smdist_tf.util",
     "DataParallelStrategy": "smdist_tf.distribute",
     "SyncBatchNormalization": "smdist_tf.sync_batch_norm",
+    "apply_sharded_gradients": "smdist_tf.sharding",
 }
 # Subpackages reachable as attributes. ``run`` is callable: smdist_tf.run(fn, np=2)
 # runs fn on every rank (see smdist_tf/run/__init__.py).
-_SUBMODULES = ("run", "keras", "distribute", "elastic", "util")
+_SUBMODULES = ("run", "keras", "distribute", "elastic", "sharding", "util")
 
 __all__ = sorted([*(n for n in _EXPORTS if not n.startswith("_")), "run"])
 

@@ -36,6 +36,14 @@ The other reaches, by the module that makes them:
   (``Functional._nodes_by_depth``, ``Layer._flatten_layers()``, ``Layer._get_own_losses()``).
 * ``smdist_tf.keras.callbacks.ModelCheckpoint`` (smdist_tf/keras/callbacks.py) overrides
   ``keras.callbacks.ModelCheckpoint._save_model``.
+* Optimizer-state sharding (smdist_tf/sharding/) wraps ``keras.optimizers.Optimizer.__init__``
+  (public, monkeypatched) and puts a mixin in front of an optimizer's class (assigning
+  ``__class__``) that overrides Keras' ``_clip_gradients``, ``_backend_update_step``,
+  ``_backend_apply_gradients`` and TensorFlow's ``Trackable._trackable_children``, replaces
+  ``TFOptimizer._all_reduce_sum_gradients``, and uses ``_var_key``,
+  ``_trainable_variables_indices``, ``_accumulated_gradients``, ``_iterations``,
+  ``_apply_weight_decay``, ``_backend_increment_gradient_accumulators``,
+  ``_backend_reset_gradient_accumulators`` and ``_distribution_strategy``.
 
 tests/test_compat.py checks each of these against the installed TensorFlow and Keras,
 and that no other module reaches into ``keras.src`` or ``tensorflow.python``, so an

@@ -247,6 +247,28 @@ class InternalReachesTest(tf.test.TestCase):
             self.assertTrue(callable(getattr(keras.layers.Layer, name)), name)
         self.assertIsInstance(_compat.get_global_attribute("uninitialized_variables", []), list)
 
+    def test_the_optimizer_internals_sharding_relies_on(self):
+        def params(fn):
+            return list(inspect.signature(fn).parameters)
+
+        optimizer = keras.optimizers.Adam(gradient_accumulation_steps=2)
+        self.assertIs(optimizer._distribution_strategy, tf.distribute.get_strategy())
+        self.assertEqual(params(type(optimizer)._clip_gradients), ["self", "grads"])
+        self.assertEqual(params(type(optimizer)._backend_update_step),
+                         ["self", "grads", "trainable_variables", "learning_rate"])
+        self.assertEqual(params(type(optimizer)._backend_apply_gradients), ["self", "grads", "trainable_variables"])
+        self.assertEqual(params(type(optimizer)._all_reduce_sum_gradients), ["self", "grads_and_vars"])
+        self.assertEqual(params(type(optimizer)._apply_weight_decay), ["self", "variables"])
+        self.assertEqual(params(type(optimizer)._backend_increment_gradient_accumulators),
+                         ["self", "grads", "acc_grads"])
+        self.assertTrue(callable(optimizer._backend_reset_gradient_accumulators))
+        self.assertIn("save_type", params(tf.Module._trackable_children))
+        variable = keras.Variable(np.zeros(3, np.float32))
+        optimizer.build([variable])
+        self.assertEqual(optimizer._trainable_variables_indices, {optimizer._var_key(variable): 0})
+        self.assertEqual([tuple(a.shape) for a in optimizer._accumulated_gradients], [(3,)])
+        self.assertEqual(int(optimizer._iterations.numpy()), 0)
+
     def test_no_other_module_imports_keras_or_tensorflow_internals(self):
         importing = re.compile(r"^\s*(from|import)\s+(keras\.src|tensorflow\.python)\b", re.M)
         for path in sorted((ROOT / "smdist_tf").rglob("*.py")):

@@ -46,15 +46,35 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         process_set: train over this ``ProcessSet``'s members only (its first rank plays
             rank 0's part); other ranks may train other models at the same time. Its
             members must hold equally many batches (the uneven-data join spans all ranks).
+        shard_optimizer_state: ZeRO stage 1: every Keras optimizer made in ``scope()``
+            keeps its slots for this rank's 1/N of each variable; gradients are
+            reduce-scattered and updated weights allgathered (see docs/sharding.md).
+            Save with ``smdist_tf.distribute.save_on_rank_zero`` on every rank.
+        shard_gradients: ZeRO stage 2 (implies stage 1): gradient-accumulation
+            buffers (``gradient_accumulation_steps``) are sharded too.
 
     Raises:
-        ValueError: when this rank is not a member of ``process_set`` or it is not registered.
+        ValueError: when this rank is not a member of ``process_set`` or it is not
+            registered, or sharding is asked for together with compression.
     """
 
     def __init__(self, compression: type[Compressor] = Compression.none, progress_on_rank_zero_only: bool = True,
-                 process_set: Optional[ProcessSet] = None) -> None:
+                 process_set: Optional[ProcessSet] = None, shard_optimizer_state: bool = False,
+                 shard_gradients: bool = False) -> None:
         if not is_initialized():
             init()
+        self._sharding = None
+        if shard_optimizer_state or shard_gradients:
+            if compression is not Compression.none:
+                raise ValueError("shard_optimizer_state: reduce-scatter has no wire compression; use Compression.none")
+            from smdist_tf.reduce_ops import Sum
+            from smdist_tf.sharding.optimizer import ShardingSettings
+            from smdist_tf.sharding.strategy_hook import install_sharding_on_creation
+
+            # Keras scales each replica's loss by 1/N under a strategy, so the gradients are summed.
+            self._sharding = ShardingSettings(shard_gradients=shard_gradients, op=Sum, process_set=process_set,
+                                              clip_reduced=False)
+            install_sharding_on_creation()
         if process_set is not None:
             _process_sets.process_set_id(process_set)  # registered?
             if not process_set.included():
@@ -78,6 +98,11 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     def process_set(self) -> Optional[ProcessSet]:
         """The ``ProcessSet`` this strategy trains over, or ``None`` for all ranks."""
         return self._process_set
+
+    @property
+    def sharding_settings(self) -> Any:
+        """The ``ShardingSettings`` optimizers made in ``scope()`` get, or ``None`` without sharding."""
+        return self._sharding
 
     @property
     def cluster_resolver(self) -> None:

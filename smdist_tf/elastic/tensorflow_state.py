@@ -8,6 +8,7 @@ import numpy as np
 
 from smdist_tf.collectives import broadcast_variables
 from smdist_tf.elastic.state import ObjectState
+from smdist_tf.sharding.optimizer import sharded_optimizers
 
 
 def _read(variables: Sequence[Any]) -> list[np.ndarray]:
@@ -80,7 +81,8 @@ class TensorFlowKerasState(_VariablesState):
         **kwargs: Python values kept as attributes, as for ``ObjectState``.
 
     Raises:
-        ValueError: the model is not built.
+        ValueError: the model is not built, or its optimizer state is sharded (a
+            restarted job may have another number of ranks, so shards cannot be restored).
     """
 
     def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
@@ -88,6 +90,9 @@ class TensorFlowKerasState(_VariablesState):
             raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        if sharded_optimizers(self.optimizer):
+            raise ValueError("elastic state cannot hold sharded optimizer state (shards change with the number of "
+                             "ranks); train elastic jobs without shard_optimizer_state")
         if self.optimizer is not None and not self.optimizer.built:
             self.optimizer.build(model.trainable_variables)
         super().__init__(**kwargs)

@@ -17,6 +17,8 @@ from smdist_tf.keras.schedule_callbacks import LearningRateScheduleCallback  # n
 from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
 from smdist_tf.runtime import rank, size
+from smdist_tf.sharding.checkpoint import gathered_state
+from smdist_tf.sharding.optimizer import unsharded_variables
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -43,7 +45,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         if self._done:
             return
-        broadcast_variables(list(self.model.variables) + list(self.model.optimizer.variables), root_rank=self.root_rank,
+        broadcast_variables(list(self.model.variables) + unsharded_variables(self.model.optimizer), root_rank=self.root_rank,
                             process_set=self.process_set)
         self._done = True
 
@@ -154,11 +156,16 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     Every rank still runs the save (reading distributed variables can involve
     collectives, so all ranks must take part), but ranks other than 0 write into a
-    private temporary directory that is removed right away. Arguments are those of
-    ``keras.callbacks.ModelCheckpoint``.
+    private temporary directory that is removed right away. Sharded optimizer state is
+    gathered first (every rank takes part), so the file holds the full state. Arguments
+    are those of ``keras.callbacks.ModelCheckpoint``.
     """
 
     def _save_model(self, epoch: int, batch: Any, logs: Any) -> None:
+        with gathered_state(self.model):
+            self._save_model_here(epoch, batch, logs)
+
+    def _save_model_here(self, epoch: int, batch: Any, logs: Any) -> None:
         if rank() == 0:
             return super()._save_model(epoch, batch, logs)
         real = self.filepath

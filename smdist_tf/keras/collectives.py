@@ -17,6 +17,7 @@ from smdist_tf import collectives
 from smdist_tf.compression import Compression, Compressor
 from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
+from smdist_tf.sharding.optimizer import unsharded_variables
 
 
 def allreduce(
@@ -134,5 +135,5 @@ def broadcast_global_variables(root_rank: int, model: Optional[keras.Model] = No
         raise ValueError("broadcast_global_variables: the model is not built yet (call it on data or build() it)")
     variables = list(model.variables)
     if getattr(model, "optimizer", None) is not None:
-        variables += list(model.optimizer.variables)
+        variables += unsharded_variables(model.optimizer)
     return collectives.broadcast_variables(variables, root_rank)

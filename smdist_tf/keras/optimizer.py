@@ -13,6 +13,7 @@ from smdist_tf.keras.loss_scale import install_finite_agreement
 from smdist_tf.keras.uneven_data import install_uneven_data_support
 from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
+from smdist_tf.sharding.optimizer import ShardingSettings, check_shardable, shard_in_place
 
 
 class LocalSources:
@@ -133,6 +134,8 @@ def DistributedOptimizer(
     groups: Optional[Sequence[Sequence[Any]]] = None,
     process_set: Optional[ProcessSet] = None,
     scale_local_gradients: bool = True,
+    shard_optimizer_state: bool = False,
+    shard_gradients: bool = False,
 ) -> keras.optimizers.Optimizer:
     """Returns a copy of a Keras 3 ``optimizer`` that averages gradients over all ranks before applying them.
 
@@ -163,6 +166,14 @@ def DistributedOptimizer(
             on them (the uneven-data join spans all ranks).
         scale_local_gradients: divide the gradients of variables passed to the result's
             ``register_local_var`` (which are not reduced) by ``size()``, as Horovod does.
+        shard_optimizer_state: ZeRO stage 1: keep the optimizer's slots for this rank's
+            1/N of each variable; gradients are reduce-scattered, updated weights
+            allgathered (see docs/sharding.md). Needs an element-wise optimizer,
+            ``Compression.none`` and ``backward_passes_per_step=1`` (use the optimizer's
+            own ``gradient_accumulation_steps``); save with
+            ``smdist_tf.distribute.save_on_rank_zero`` on every rank.
+        shard_gradients: ZeRO stage 2 (implies stage 1): gradient-accumulation buffers
+            are sharded too.
 
     Returns:
         The distributed optimizer.
@@ -183,6 +194,12 @@ def DistributedOptimizer(
                             num_groups=num_groups, process_set=process_set)
     install_finite_agreement()
     install_uneven_data_support()
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    if shard_optimizer_state or shard_gradients:
+        return _sharded_copy(optimizer, config, compression, op, gradient_predivide_factor, backward_passes_per_step,
+                             shard_gradients, process_set)
     base = type(optimizer)
     settings = dict(
         compression=compression,
@@ -197,7 +214,21 @@ def DistributedOptimizer(
         process_set=process_set,
     )
     cls = type(base.__name__, (_DistributedApply, base), {"_smdist_settings": settings, "__module__": base.__module__})
-    config = optimizer.get_config()
-    if name is not None:
-        config["name"] = name
     return cls.from_config(config)
+
+
+def _sharded_copy(optimizer: keras.optimizers.Optimizer, config: dict, compression: type[Compressor], op: int,
+                  gradient_predivide_factor: float, backward_passes_per_step: int, shard_gradients: bool,
+                  process_set: Optional[ProcessSet]) -> keras.optimizers.Optimizer:
+    """A fresh copy of ``optimizer`` whose state is sharded (``smdist_tf.sharding``)."""
+    if compression is not Compression.none:
+        raise ValueError("shard_optimizer_state: reduce-scatter has no wire compression; use Compression.none")
+    if backward_passes_per_step != 1:
+        raise ValueError("shard_optimizer_state accumulates with the optimizer's own gradient_accumulation_steps; "
+                         "leave backward_passes_per_step at 1")
+    prescale, postscale = 1.0, 1.0
+    if gradient_predivide_factor != 1.0:
+        prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
+    settings = ShardingSettings(shard_gradients=shard_gradients, op=op, prescale_factor=prescale,
+                                postscale_factor=postscale, process_set=process_set)
+    return shard_in_place(type(optimizer).from_config(config), settings)

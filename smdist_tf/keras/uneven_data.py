@@ -33,6 +33,7 @@ from smdist_tf import _compat
 from smdist_tf.collectives import allgather, allreduce, broadcast_variables, join
 from smdist_tf.reduce_ops import Max
 from smdist_tf.runtime import is_initialized, size
+from smdist_tf.sharding.optimizer import unsharded_variables
 
 _installed = False
 
@@ -96,7 +97,7 @@ class _EpochSync(keras.callbacks.Callback):
             return
         if table[:, 1].any():
             raise ValueError(_ran_out_message(self._epoch, table))
-        variables = list(self.model.variables) + list(self.model.optimizer.variables)
+        variables = list(self.model.variables) + unsharded_variables(self.model.optimizer)
         # Local variables (PartialDistributedOptimizer, register_local_var) differ per rank by design.
         local = _local_variable_ids(self.model.optimizer)
         variables = [v for v in variables if id(v) not in local]

@@ -272,6 +272,26 @@ class ReducescatterTest(tf.test.TestCase):
                         out = fn(tf.constant(values[RANK], dtype), op=op)
                         self.assertAllClose(as_f64(out), expected[start : start + mine], **tolerance(dtype))
 
+    def test_large_uneven_rows_through_shared_memory(self):
+        # Over the shared-memory path's 256 KiB threshold and over several of its rounds, with
+        # blocks of different lengths; scaled too, as the engine finishes Average and postscale.
+        rows = 67 * SIZE + 3
+        start = sum(rows // SIZE + (r < rows % SIZE) for r in range(RANK))
+        mine = rows // SIZE + (RANK < rows % SIZE)
+        for dtype in (tf.float32, tf.float16, tf.int64, tf.uint8):
+            for op in (sd.Sum, sd.Average, sd.Max):
+                if dtype.is_integer and op == sd.Average:
+                    continue
+                values = all_rank_values((rows, 4099), dtype, op)
+                expected = expected_reduction(values, op, dtype)
+                with self.subTest(dtype=dtype.name, op=op):
+                    out = sd.reducescatter(tf.constant(values[RANK], dtype), op=op)
+                    self.assertAllClose(as_f64(out), expected[start : start + mine], **tolerance(dtype))
+        values = all_rank_values((rows, 4099), tf.float32, sd.Sum)
+        scaled = sd.reducescatter(tf.constant(values[RANK]), op=sd.Average, prescale_factor=2.0, postscale_factor=0.5)
+        expected = expected_reduction(values, sd.Average, tf.float32, prescale=2.0, postscale=0.5)
+        self.assertAllClose(scaled, expected[start : start + mine], rtol=1e-5, atol=1e-5)
+
 
 class HorovodGroupedAndInPlaceTest(tf.test.TestCase):
     """Horovod names beyond the basic collectives: grouped_allgather/reducescatter and broadcast_."""

@@ -21,7 +21,7 @@ namespace smdist {
 struct CollectiveWork {
   CollectiveType type = CollectiveType::kAllreduce;
   Device device;
-  // Allreduce only, from here on.
+  // Allreduce (and reducescatter: wire_bytes) from here on.
   DataType dtype = DataType::kFloat32;  // of the tensors
   DataType wire = DataType::kFloat32;   // reduced (differs under compression)
   int64_t wire_bytes = 0;               // all tensors together, in the wire type

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <new>
 
 #include "common/reduction.h"
@@ -14,6 +15,8 @@ namespace smdist {
 namespace {
 // Slots are a whole number of cache lines.
 constexpr int64_t kAlignBytes = 64;
+// The widest element (float64, int64).
+constexpr int64_t kMaxElementBytes = 8;
 // Busy polls before yielding the core (ranks may outnumber cores).
 constexpr int kSpinsBeforeYield = 256;
 
@@ -84,8 +87,12 @@ void SharedMemoryAllreduce::WaitForPeers(Stage stage, uint64_t round) const {
 }
 
 bool SharedMemoryAllreduce::Enabled(const CollectiveWork& work) const {
-  return work.type == CollectiveType::kAllreduce && work.device.is_cpu() && work.wire_bytes > 0 &&
-         work.wire_bytes >= min_bytes_;
+  if (!work.device.is_cpu() || work.wire_bytes <= 0 || work.wire_bytes < min_bytes_) return false;
+  // A reduce-scatter's blocks are those of the group's ranks: only where the host is the group,
+  // and with room in a round for an element of every block.
+  return work.type == CollectiveType::kAllreduce ||
+         (work.type == CollectiveType::kReducescatter && cross_ == MPI_COMM_NULL &&
+          round_bytes_ >= local_size_ * kMaxElementBytes);
 }
 
 Status SharedMemoryAllreduce::Allreduce(const SpanStaging& staging, ReduceOp op) {
@@ -132,6 +139,41 @@ Status SharedMemoryAllreduce::Allreduce(const SpanStaging& staging, ReduceOp op)
       WaitForPeer(r, Stage::kReduced, round + 1);
       staging.StageOut(offset + begin, end - begin, Slot(r, round) + begin * elem);
     }
+    mine->copied.value.store(round + 1, std::memory_order_release);
+  }
+  return Status::OK();
+}
+
+Status SharedMemoryAllreduce::ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
+                                            DataType dtype, ReduceOp op) {
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+  // Per round, every rank stages up to `slice` elements of each block.
+  const int64_t slice = std::max<int64_t>(1, round_bytes_ / elem / local_size_);
+  std::vector<int64_t> starts(local_size_ + 1, 0);
+  for (int r = 0; r < local_size_; ++r) starts[r + 1] = starts[r] + recv_counts[r];
+  const int64_t longest = *std::max_element(recv_counts.begin(), recv_counts.end());
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  Header* mine = headers_[local_rank_];
+  std::vector<const void*> sources(local_size_);
+  for (int64_t offset = 0; offset < longest; offset += slice, ++rounds_done_) {
+    const uint64_t round = rounds_done_;
+    // This slot was last used two rounds ago: every peer must have read it.
+    if (round >= 2) WaitForPeers(Stage::kCopied, round - 1);
+    uint8_t* slot = Slot(local_rank_, round);
+    for (int b = 0; b < local_size_; ++b) {
+      const int64_t n = std::clamp<int64_t>(recv_counts[b] - offset, 0, slice);
+      if (n > 0) std::memcpy(slot + b * slice * elem, in + (starts[b] + offset) * elem, n * elem);
+    }
+    mine->staged.value.store(round + 1, std::memory_order_release);
+    WaitForPeers(Stage::kStaged, round + 1);
+    const int64_t n = std::clamp<int64_t>(recv_counts[local_rank_] - offset, 0, slice);
+    if (n > 0) {
+      for (int r = 0; r < local_size_; ++r) sources[r] = Slot(r, round) + local_rank_ * slice * elem;
+      ReduceMany(dtype, op, sources.data(), local_size_, out + offset * elem, n);
+    }
+    // Done reading the peers' slots of this round (nothing is reduced for others).
+    mine->reduced.value.store(round + 1, std::memory_order_release);
     mine->copied.value.store(round + 1, std::memory_order_release);
   }
   return Status::OK();

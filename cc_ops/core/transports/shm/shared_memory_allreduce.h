@@ -1,4 +1,5 @@
-// Allreduce among the ranks of one host through a shared-memory window: each
+// Allreduce (and, on a single host, reduce-scatter) among the ranks of one host
+// through a shared-memory window: each
 // rank stages its data in its own segment (straight from its tensors, through
 // a SpanStaging that also converts and scales), reduces one shard straight from
 // every peer's segment (no MPI copies), optionally allreduces that shard with
@@ -37,11 +38,18 @@ class SharedMemoryAllreduce : public DataTransport {
 
   std::string name() const override { return "shared_memory"; }
   // Host allreduces of at least min_bytes: it converts and scales as it
-  // stages, so compressed and prescaled ones too.
+  // stages, so compressed and prescaled ones too. Reduce-scatters of at least
+  // min_bytes when the whole group is this host (no cross communicator).
   bool Enabled(const CollectiveWork& work) const override;
   // Reduces `staging`'s elements (its wire type) across the host's ranks and
   // writes the result through it. Every local rank passes the same count.
   Status Allreduce(const SpanStaging& staging, ReduceOp op) override;
+  // Each round stages, from every rank, a slice of every rank's block; each rank
+  // reduces its own block's slice from all slots straight into `recv`. So the
+  // arithmetic is shared evenly, nothing is copied out of the window, and no
+  // buffer beyond the window is needed.
+  Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts, DataType dtype,
+                       ReduceOp op) override;
 
   // Bytes staged per rank per round on a single host: rounds that stay in
   // cache, and the next round is staged while peers copy out the last.

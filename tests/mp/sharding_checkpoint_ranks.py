@@ -1,0 +1,51 @@
+"""Saves a sharded model at one rank count, or resumes it at another: ``save DIR`` / ``resume DIR``.
+
+Run by tests/test_sharding_multiprocess.py (2 -> 4 and 4 -> 2 ranks). Resuming loads the
+file twice, into a sharded and an unsharded strategy, checks that the resharded state
+is the saved state, trains both one more epoch and compares the weights.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import smdist_tf as sd
+
+sd.init()
+MODE, DIRECTORY = sys.argv[1], sys.argv[2]
+PATH = os.path.join(DIRECTORY, "model.keras")
+RNG = np.random.default_rng(11)
+DATA = tf.data.Dataset.from_tensor_slices((RNG.normal(size=(96, 7)).astype(np.float32),
+                                           RNG.normal(size=(96, 1)).astype(np.float32))).batch(24)
+
+
+def load(shard: bool) -> keras.Model:
+    with sd.DataParallelStrategy(shard_optimizer_state=shard).scope():
+        return keras.saving.load_model(PATH)
+
+
+if MODE == "save":
+    with sd.DataParallelStrategy(shard_optimizer_state=True).scope():
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(9, activation="tanh"), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.01, amsgrad=True), loss="mse")
+    model.fit(DATA, epochs=1, verbose=0)
+    sd.distribute.save_on_rank_zero(model, PATH)
+    print(f"rank {sd.rank()}: saved at {sd.size()} ranks", flush=True)
+else:
+    sharded, unsharded = load(True), load(False)
+    with sd.sharding.gathered_state(sharded):
+        gathered = sharded.optimizer.smdist_gather_state()
+    full = [gathered.get(id(v), v.numpy()) for v in sharded.optimizer.variables]
+    state_equal = all(np.array_equal(a, b.numpy()) for a, b in zip(full, unsharded.optimizer.variables))
+    for model in (sharded, unsharded):
+        model.fit(DATA, epochs=1, verbose=0)
+    difference = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+                     for a, b in zip(sharded.get_weights(), unsharded.get_weights()))
+    print(f"rank {sd.rank()}: resumed at {sd.size()} ranks: state equal {state_equal}, "
+          f"weights match {difference < 1e-5}", flush=True)
