@@ -13,7 +13,7 @@ from smdist_tf.keras.loss_scale import install_finite_agreement
 from smdist_tf.keras.uneven_data import install_uneven_data_support
 from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
-from smdist_tf.sharding.optimizer import ShardingSettings, check_shardable, shard_in_place
+from smdist_tf.sharding.optimizer import ShardingSettings, shard_in_place
 
 
 class LocalSources:
