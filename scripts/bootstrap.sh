@@ -15,12 +15,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 
-# Reinstall pinned packages only when requirements.txt changed.
+# Reinstall pinned packages only when a requirements file changed.
 stamp=.venv/.smdist_requirements
-want="$(sha256sum requirements.txt | cut -d' ' -f1)"
+want="$(cat requirements.txt requirements-tf-keras.txt | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[bootstrap] installing pinned requirements"
   "${pip[@]}" install -r requirements.txt
+  "${pip[@]}" install --no-deps -r requirements-tf-keras.txt  # see the file: keeps tensorflow-cpu
   echo "$want" > "$stamp"
 fi
 

@@ -12,8 +12,12 @@ module patches ``keras.Model``. Each reach, and the Keras 3.15 behaviour it reli
 * ``keras.Model._get_metrics_result_or_logs`` (private) is wrapped: ``fit`` calls it
   once per epoch, right after the epoch's last training step on this rank and before
   validation and ``on_epoch_end``; ``evaluate`` calls it once, after its last step.
+  Keras 2 (``tf_keras.Model``, tf-keras 2.21) calls ``_validate_and_get_metrics_result``
+  at the same two places, and that is wrapped instead.
 * ``CallbackList.callbacks`` (undocumented) is the list a ``CallbackList`` calls, in
   order; a ``CallbackList`` the user passes to ``fit`` gets one more callback there.
+  Keras 2's ``CallbackList`` decides once, in ``__init__``, whether to call batch hooks
+  at all (``_should_call_train_batch_hooks``, private): set when the callback is added.
 * ``Callback.params["steps"]`` (set by ``fit``) is the number of batches per epoch:
   ``steps_per_epoch`` when given, else the data's length when Keras knows it, else
   ``None``. When the data runs out before that, Keras warns and ends the epoch early
@@ -58,6 +62,8 @@ import inspect
 import weakref
 from typing import Any, Callable, Optional
 
+from smdist_tf.keras_api import is_tf_keras_class
+
 # Internal names other modules take from here, as ``_compat.<name>``: resolved on first use
 # (PEP 562), so importing this module imports neither TensorFlow nor Keras.
 _INTERNALS = {
@@ -91,6 +97,8 @@ def __getattr__(name: str) -> Any:
 _running: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 PrepareFit = Callable[[Any, Any], tuple[Any, Any]]
+# The model method each Keras calls right after the last step of a training epoch or an evaluation.
+_METRICS_READ = {"keras": "_get_metrics_result_or_logs", "tf_keras": "_validate_and_get_metrics_result"}
 LoopEnd = Callable[[Any, str, Any], None]
 
 
@@ -104,14 +112,17 @@ def append_callback(callback_list: Any, callback: Any) -> None:
     """Adds ``callback`` last to a ``keras.callbacks.CallbackList``, replacing any of its type there."""
     kept = [c for c in callback_list.callbacks if not isinstance(c, type(callback))]
     callback_list.callbacks = kept + [callback]
-    callback.set_params(callback_list.params)
+    callback.set_params(getattr(callback_list, "params", {}))  # a Keras 2 list made without any has none
+    if hasattr(callback_list, "_should_call_train_batch_hooks"):  # Keras 2
+        callback_list._should_call_train_batch_hooks = True
 
 
 def hook_training_loops(cls: type, prepare_fit: PrepareFit, loop_end: LoopEnd) -> None:
     """Patches ``cls.fit``, ``cls.evaluate`` and ``cls._get_metrics_result_or_logs``.
 
     Args:
-        cls: the model class to patch (``keras.Model`` to reach every model).
+        cls: the model class to patch (``keras.Model`` to reach every model, or Keras 2's
+            ``tf_keras.Model``).
         prepare_fit: called as ``prepare_fit(model, callbacks)`` at the start of each
             ``fit`` with its ``callbacks`` argument; returns ``(callbacks, state)``:
             the callbacks ``fit`` runs with, and what ``loop_end`` gets for this fit.
@@ -120,7 +131,8 @@ def hook_training_loops(cls: type, prepare_fit: PrepareFit, loop_end: LoopEnd) -
             None) has run its last step on this rank, before Keras reads the metrics.
     """
     keras_fit, keras_evaluate = cls.fit, cls.evaluate
-    keras_metrics_or_logs = cls._get_metrics_result_or_logs
+    metrics_read = _METRICS_READ["tf_keras" if is_tf_keras_class(cls) else "keras"]
+    keras_metrics_or_logs = getattr(cls, metrics_read)
     fit_signature = inspect.signature(keras_fit)
 
     def run_as(model: Any, loop: str, state: Any, call: Callable[[], Any]) -> Any:
@@ -153,7 +165,7 @@ def hook_training_loops(cls: type, prepare_fit: PrepareFit, loop_end: LoopEnd) -
         return keras_metrics_or_logs(self, logs)
 
     cls.fit, cls.evaluate = fit, evaluate
-    cls._get_metrics_result_or_logs = get_metrics_result_or_logs
+    setattr(cls, metrics_read, get_metrics_result_or_logs)
 
 
 # SyncBatchNormalization (smdist_tf/sync_batch_norm.py) overrides

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from smdist_tf import _compat
 from smdist_tf.collectives import grouped_allreduce
+from smdist_tf.keras_api import require_keras_3
 from smdist_tf.reduce_ops import Sum
 from smdist_tf.runtime import size
 
@@ -31,6 +32,10 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     every rank. Inference uses the moving averages, as usual. Masked inputs fall back to
     per-rank statistics.
     """
+
+    def __init__(self, **kwargs: Any) -> None:
+        require_keras_3("SyncBatchNormalization")  # a Keras 3 layer cannot go into a tf_keras model
+        super().__init__(**kwargs)
 
     def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
         if mask is not None or size() == 1:

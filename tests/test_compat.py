@@ -29,8 +29,8 @@ def dataset(batches: int) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((X, Y)).take(10 * batches).batch(10)
 
 
-class Recorder(keras.callbacks.Callback):
-    """Writes every hook fit and evaluate call, in order, into ``events``."""
+class Recording:
+    """Writes every hook fit and evaluate call, in order, into ``events`` (mixed into either Keras' Callback)."""
 
     def __init__(self, events: list) -> None:
         super().__init__()
@@ -52,15 +52,21 @@ class Recorder(keras.callbacks.Callback):
         self.events.append(f"epoch_end {epoch}")
 
 
-def hooked_model_class(events: list, state: object) -> type:
-    """A Sequential subclass with _compat's hooks recording into ``events``."""
+class Recorder(Recording, keras.callbacks.Callback):
+    pass
 
-    class Hooked(keras.Sequential):
+
+def hooked_model_class(events: list, state: object, keras_module=keras) -> type:
+    """A Sequential subclass (of ``keras_module``) with _compat's hooks recording into ``events``."""
+
+    class Hooked(keras_module.Sequential):
         pass
+
+    recorder = type("Recorder", (Recording, keras_module.callbacks.Callback), {})
 
     def prepare_fit(model, callbacks):
         events.append(f"prepare_fit {len(callbacks)} callbacks")
-        return [*callbacks, Recorder(events)], state
+        return [*callbacks, recorder(events)], state
 
     def loop_end(model, loop, loop_state):
         events.append(f"loop_end {loop} {'state' if loop_state is state else loop_state}")
@@ -270,8 +276,45 @@ class InternalReachesTest(tf.test.TestCase):
         self.assertEqual(int(optimizer._iterations.numpy()), 0)
 
     def test_no_other_module_imports_keras_or_tensorflow_internals(self):
-        importing = re.compile(r"^\s*(from|import)\s+(keras\.src|tensorflow\.python)\b", re.M)
+        importing = re.compile(r"^\s*(from|import)\s+(keras\.src|tf_keras\.src|tensorflow\.python)\b", re.M)
         for path in sorted((ROOT / "smdist_tf").rglob("*.py")):
             if path.name == "_compat.py":
                 continue
             self.assertIsNone(importing.search(path.read_text()), f"{path} reaches into internals itself")
+
+
+class TfKerasReachesTest(tf.test.TestCase):
+    """Keras 2's reaches (tf-keras, for TF_USE_LEGACY_KERAS=1), used from this Keras 3 process directly."""
+
+    def setUp(self):
+        super().setUp()
+        self.tf_keras = __import__("pytest").importorskip("tf_keras")
+
+    def test_the_hooked_and_overridden_methods_exist_with_the_arguments_used(self):
+        tf_keras = self.tf_keras
+
+        def params(fn):
+            return list(inspect.signature(fn).parameters)
+
+        for name in ("fit", "evaluate", "_validate_and_get_metrics_result"):
+            self.assertTrue(callable(getattr(tf_keras.Model, name, None)), f"tf_keras.Model.{name} is gone")
+        self.assertIn("callbacks", params(tf_keras.Model.fit))
+        self.assertEqual(params(tf_keras.Model._validate_and_get_metrics_result), ["self", "logs"])
+        self.assertEqual(params(tf_keras.callbacks.ModelCheckpoint._save_model), ["self", "epoch", "batch", "logs"])
+        self.assertEqual(params(tf_keras.optimizers.Optimizer.aggregate_gradients), ["self", "grads_and_vars"])
+        self.assertEqual(params(tf_keras.optimizers.legacy.Optimizer._aggregate_gradients), ["self", "grads_and_vars"])
+        callback_list = tf_keras.callbacks.CallbackList([])
+        self.assertFalse(callback_list._should_call_train_batch_hooks)
+        _compat.append_callback(callback_list, tf_keras.callbacks.Callback())
+        self.assertTrue(callback_list._should_call_train_batch_hooks)
+
+    def test_loop_end_comes_after_the_last_step_and_before_validation_and_epoch_end(self):
+        tf_keras = self.tf_keras
+        events, state = [], object()
+        model = hooked_model_class(events, state, tf_keras)([tf_keras.layers.Dense(2, input_shape=(4,))])
+        model.compile(optimizer="sgd", loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(dataset(3), epochs=2, validation_data=dataset(1), callbacks=[], verbose=0)
+        per_epoch = lambda e: [f"epoch_begin {e}", "train_batch 0", "train_batch 1", "train_batch 2",  # noqa: E731
+                               "loop_end fit state", "test_begin", "test_batch 0", "loop_end evaluate None",
+                               f"epoch_end {e}"]
+        self.assertEqual(events, ["prepare_fit 0 callbacks", *per_epoch(0), *per_epoch(1)])

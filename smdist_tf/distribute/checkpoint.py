@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+import contextlib
+import os
+import shutil
+import tempfile
+from typing import Any, Iterator, Optional, Sequence
 
 import tensorflow as tf
 
 from smdist_tf.collectives import barrier, broadcast_variables
+from smdist_tf.keras_api import is_tf_keras_object
 from smdist_tf.runtime import rank
 from smdist_tf.sharding.checkpoint import gathered_state
 from smdist_tf.sharding.optimizer import sharded_optimizers
@@ -18,7 +23,9 @@ def save_on_rank_zero(obj: Any, path: str, **save_kwargs: Any) -> Optional[str]:
     Every rank must call it; all return once the file exists, so a following
     restore on another rank sees it (on a shared file system). A model whose optimizer
     state is sharded is gathered first, so the file holds the full state and loads at
-    any number of ranks (see ``smdist_tf.sharding.gathered_state``).
+    any number of ranks (see ``smdist_tf.sharding.gathered_state``). A Keras 2 model
+    is saved on every rank, the others writing into a scratch directory they remove:
+    under a strategy, Keras 2 reads metric variables as collectives while it saves.
 
     Args:
         obj: a ``tf.train.Checkpoint`` or a ``keras.Model``.
@@ -32,9 +39,29 @@ def save_on_rank_zero(obj: Any, path: str, **save_kwargs: Any) -> Optional[str]:
         raise ValueError("tf.train.Checkpoint would save rank 0's shards of the optimizer state only: save the "
                          "Keras model itself (.keras or .weights.h5) with save_on_rank_zero")
     with gathered_state(obj):
-        written = _save_here(obj, path, **save_kwargs) if rank() == 0 else None
+        if rank() == 0:
+            written = _save_here(obj, path, **save_kwargs)
+        else:
+            written = None
+            if is_tf_keras_object(obj):
+                with scratch_path(path) as scratch:
+                    _save_here(obj, scratch, **save_kwargs)
     barrier()  # nobody reads before rank 0 has finished writing
     return written
+
+
+@contextlib.contextmanager
+def scratch_path(path: str) -> Iterator[str]:
+    """A path with ``path``'s file name in a private temporary directory, removed on exit.
+
+    For ranks other than 0 that must run a save (it takes part in collectives) whose
+    file nobody wants.
+    """
+    directory = tempfile.mkdtemp(prefix="smdist_save_")
+    try:
+        yield os.path.join(directory, os.path.basename(path))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _save_here(obj: Any, path: str, **save_kwargs: Any) -> str:

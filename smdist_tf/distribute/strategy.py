@@ -11,6 +11,7 @@ from smdist_tf.compression import Compression, Compressor
 from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps
 from smdist_tf.distribute.extended import DataParallelExtended
 from smdist_tf.distribute.predict_on_batch import install_local_predict_on_batch
+from smdist_tf.keras_api import keras_api, require_keras_3, uses_tf_keras
 from smdist_tf.process_sets import ProcessSet
 from smdist_tf.runtime import init, is_initialized, rank
 
@@ -65,6 +66,7 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             init()
         self._sharding = None
         if shard_optimizer_state or shard_gradients:
+            require_keras_3("shard_optimizer_state")
             if compression is not Compression.none:
                 raise ValueError("shard_optimizer_state: reduce-scatter has no wire compression; use Compression.none")
             from smdist_tf.reduce_ops import Sum
@@ -82,17 +84,17 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                                  "DataParallelStrategy(process_set=...)")
         self._process_set = process_set
         tf.distribute.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression, process_set)))
-        import keras  # only needed from here on
-
         from smdist_tf.keras.loss_scale import install_finite_agreement
         from smdist_tf.keras.uneven_data import install_uneven_data_support
 
-        install_finite_agreement()
         install_uneven_data_support()
-        install_local_predict_on_batch()
+        if not uses_tf_keras():
+            install_finite_agreement()
+            install_local_predict_on_batch()
         first_replica = (rank() if process_set is None else process_set.rank()) == 0
         if progress_on_rank_zero_only and not first_replica:
-            keras.config.disable_interactive_logging()
+            keras = keras_api()
+            (keras.utils if uses_tf_keras() else keras.config).disable_interactive_logging()
 
     @property
     def process_set(self) -> Optional[ProcessSet]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-import keras
-
 from smdist_tf.elastic.state import State
+from smdist_tf.keras_api import keras_api
+
+keras = keras_api()
 
 
 class CommitStateCallback(keras.callbacks.Callback):

@@ -8,6 +8,7 @@ import numpy as np
 
 from smdist_tf.collectives import broadcast_variables
 from smdist_tf.elastic.state import ObjectState
+from smdist_tf.keras_api import require_keras_3
 from smdist_tf.sharding.optimizer import sharded_optimizers
 
 
@@ -86,6 +87,7 @@ class TensorFlowKerasState(_VariablesState):
     """
 
     def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
+        require_keras_3("elastic.TensorFlowKerasState")
         if not model.built:
             raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
         self.model = model

@@ -1,4 +1,7 @@
-"""Keras 3 integration with the names of ``horovod.tensorflow.keras``: ``import smdist_tf.keras as hvd``.
+"""Keras integration with the names of ``horovod.tensorflow.keras``: ``import smdist_tf.keras as hvd``.
+
+It serves the Keras ``tf.keras`` is: Keras 3, or Keras 2 (``tf_keras``) when
+``TF_USE_LEGACY_KERAS=1`` (see ``smdist_tf.keras_api`` and docs/tf-keras.md).
 
 Runtime and topology (``init``, ``rank``, ``size``, ...), the collectives with Horovod's
 Keras-module signatures, ``DistributedOptimizer``, ``PartialDistributedOptimizer``,

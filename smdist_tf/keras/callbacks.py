@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from typing import Any, Optional
 
-import keras
 import tensorflow as tf
 
 from smdist_tf.collectives import broadcast_variables, grouped_allreduce
+from smdist_tf.distribute.checkpoint import scratch_path
 # Re-exported: Horovod's callbacks module has them.
 from smdist_tf.keras.checkpoint_callbacks import BestModelCheckpoint  # noqa: F401
 from smdist_tf.keras.schedule_callbacks import LearningRateScheduleCallback  # noqa: F401
+from smdist_tf.keras.schedule_callbacks import set_learning_rate
+from smdist_tf.keras_api import keras_api
 from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
 from smdist_tf.runtime import rank, size
 from smdist_tf.sharding.checkpoint import gathered_state
 from smdist_tf.sharding.optimizer import unsharded_variables
+
+# Callbacks of the Keras tf.keras is: Keras 2's fit only takes its own.
+keras = keras_api()
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -84,14 +86,14 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
 
     Large data-parallel runs scale the learning rate by the number of ranks; starting
     lower avoids early divergence (Goyal et al., 2017). The rate is set before every
-    batch of the warm-up through Keras 3's ``optimizer.learning_rate``.
+    batch of the warm-up through ``optimizer.learning_rate``.
 
     Args:
         initial_lr: the learning rate after warm-up (usually the base rate × ``size()``).
         warmup_epochs: number of epochs the ramp lasts.
         momentum_correction: scale a variable ``momentum`` by new_lr/old_lr at each change.
-            Keras 3's built-in optimizers keep momentum as a Python float baked into the
-            compiled step, so for them this has no effect.
+            Keras' built-in optimizers mostly keep momentum as a Python float baked into
+            the compiled step, so for them this has no effect.
         steps_per_epoch: batches per epoch; taken from ``fit`` when ``None``.
         verbose: print the rate at the end of the warm-up when > 0.
     """
@@ -131,15 +133,8 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None:
         if self._epoch >= self.warmup_epochs:  # a schedule starting here must not be overridden
             return
-        optimizer = self.model.optimizer
-        old = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-        new = self.learning_rate_at(self._epoch, batch)
-        optimizer.learning_rate = new
-        momentum = getattr(optimizer, "momentum", None)
-        if self.momentum_correction and isinstance(momentum, (tf.Variable, keras.Variable)) and old > 0 and new != old:
-            # Only for this batch: the velocity was accumulated at the old rate.
-            self._restore_momentum = float(keras.ops.convert_to_numpy(momentum))
-            momentum.assign(self._restore_momentum * (new / old))
+        self._restore_momentum = set_learning_rate(self.model.optimizer, self.learning_rate_at(self._epoch, batch),
+                                                   self.momentum_correction)
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         if self._restore_momentum is not None:
@@ -169,10 +164,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if rank() == 0:
             return super()._save_model(epoch, batch, logs)
         real = self.filepath
-        scratch = tempfile.mkdtemp(prefix="smdist_ckpt_")
-        try:
-            self.filepath = os.path.join(scratch, os.path.basename(real))
-            return super()._save_model(epoch, batch, logs)
-        finally:
-            self.filepath = real
-            shutil.rmtree(scratch, ignore_errors=True)
+        with scratch_path(real) as self.filepath:
+            try:
+                return super()._save_model(epoch, batch, logs)
+            finally:
+                self.filepath = real

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from typing import Optional, Union
 
-import keras
-
+from smdist_tf.keras_api import keras_api
 from smdist_tf.runtime import rank
+
+keras = keras_api()
 
 # Keras checks the path when the callback is made; Horovod lets it be set afterwards.
 _PATH_SET_LATER = "unset.keras"

@@ -1,4 +1,8 @@
-"""``DistributedOptimizer`` for Keras 3 optimizers (Horovod-style, without a Strategy)."""
+"""``DistributedOptimizer``: Horovod-style gradient averaging in a Keras optimizer, without a Strategy.
+
+Keras 3 optimizers reduce in ``apply`` (below); Keras 2 (``tf_keras``) ones where Keras 2
+aggregates gradients (smdist_tf/keras/tf_keras_optimizer.py).
+"""
 
 from __future__ import annotations
 
@@ -9,73 +13,17 @@ import tensorflow as tf
 
 from smdist_tf.compression import Compression, Compressor
 from smdist_tf.gradient_tape import DistributedGradientTape
+from smdist_tf.keras.gradient_reduction import GradientReduction, distributed_class, reduction_settings
 from smdist_tf.keras.loss_scale import install_finite_agreement
 from smdist_tf.keras.uneven_data import install_uneven_data_support
+from smdist_tf.keras_api import is_tf_keras_class, is_tf_keras_object, uses_tf_keras
 from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
 from smdist_tf.sharding.optimizer import ShardingSettings, shard_in_place
 
 
-class LocalSources:
-    """The layers and variables whose gradients stay on this rank (Horovod's local variables).
-
-    A plain object, not a list attribute of the optimizer: Keras would track variables in
-    such a list as the optimizer's own and save layers found there with it.
-    """
-
-    def __init__(self) -> None:
-        self.layers: list = []
-        self.variables: list = []
-
-    def resolved(self) -> list:
-        # Layers are resolved now, not when registered: they may have been unbuilt then.
-        return [v for layer in self.layers for v in layer.trainable_weights] + self.variables
-
-
-class _DistributedApply:
-    """Mixed in front of the wrapped optimizer's class; ``apply`` reduces gradients first.
-
-    Settings live on the dynamic class, so ``from_config`` on it rebuilds an equally
-    configured optimizer while ``get_config`` stays the wrapped class's own config.
-    """
-
-    _smdist_settings: dict = {}
-
-    @property
-    def _smdist_reduces_in_apply(self) -> bool:
-        return True
-
-    def smdist_local_sources(self) -> LocalSources:
-        """This optimizer's local layers and variables (created on first use)."""
-        if not hasattr(self, "_smdist_local"):
-            self._smdist_local = LocalSources()
-        return self._smdist_local
-
-    def register_local_var(self, var: Any) -> None:
-        """Keeps ``var``'s gradient on this rank (not reduced), as Horovod's ``register_local_var``.
-
-        With ``scale_local_gradients`` (the default) it is divided by ``size()``. Register
-        before the first training step: ``fit`` traces the step once.
-        """
-        self.smdist_local_sources().variables.append(var)
-
-    def _smdist_reducer(self) -> DistributedGradientTape:
-        # The tape's reduction (fusion, groups, sparse handling, local sources) without a recorded tape.
-        s = self._smdist_settings
-        reducer = DistributedGradientTape(
-            None,
-            compression=s["compression"],
-            sparse_as_dense=s["sparse_as_dense"],
-            op=s["op"],
-            gradient_predivide_factor=s["gradient_predivide_factor"],
-            num_groups=s["num_groups"],
-            groups=s["groups"],
-            process_set=s["process_set"],
-            scale_local_gradients=s["scale_local_gradients"],
-        )
-        for var in self.smdist_local_sources().resolved():
-            reducer.register_local_source(var)
-        return reducer
+class _DistributedApply(GradientReduction):
+    """Keras 3: ``apply``, which every update path goes through, reduces the gradients first."""
 
     def build(self, variables: Sequence[Any]) -> None:
         super().build(variables)
@@ -137,7 +85,7 @@ def DistributedOptimizer(
     shard_optimizer_state: bool = False,
     shard_gradients: bool = False,
 ) -> keras.optimizers.Optimizer:
-    """Returns a copy of a Keras 3 ``optimizer`` that averages gradients over all ranks before applying them.
+    """Returns a copy of a Keras ``optimizer`` that averages gradients over all ranks before applying them.
 
     The result is an instance of a subclass of ``optimizer``'s class with the same class
     name, so ``get_config()``/``from_config()`` round-trip and saved models load
@@ -148,8 +96,14 @@ def DistributedOptimizer(
     whose epoch is over joins (``smdist_tf.join()``) and the weights are re-synced (see
     ``smdist_tf.keras.uneven_data``).
 
+    Keras 2 (``tf_keras``, with ``TF_USE_LEGACY_KERAS=1``): its optimizers and
+    ``tf_keras.optimizers.legacy`` ones reduce where Keras 2 aggregates gradients, before
+    clipping and before a surrounding ``LossScaleOptimizer`` checks them for inf/NaN
+    (see docs/tf-keras.md); sharding and ``backward_passes_per_step`` need Keras 3.
+
     Args:
-        optimizer: the Keras 3 optimizer to wrap (its config is copied; a fresh, unbuilt one is returned).
+        optimizer: the Keras optimizer to wrap, of the Keras ``tf.keras`` is (its config is copied; a fresh,
+            unbuilt one is returned).
         name: optional new name for the optimizer.
         device_dense: accepted for Horovod compatibility.
         device_sparse: accepted for Horovod compatibility.
@@ -179,12 +133,12 @@ def DistributedOptimizer(
         The distributed optimizer.
 
     Raises:
-        TypeError: ``optimizer`` is not a Keras 3 optimizer.
-        ValueError: a bad argument, or a ``tf.distribute`` strategy scope is active.
+        TypeError: ``optimizer`` is not a Keras optimizer, or is a Keras 2 ``LossScaleOptimizer``
+            (wrap the optimizer inside it instead).
+        ValueError: a bad argument, a ``tf.distribute`` strategy scope is active, or
+            ``optimizer`` is of the other Keras than ``tf.keras``.
     """
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"DistributedOptimizer takes a Keras 3 optimizer, got {type(optimizer).__name__} "
-                        "(tf.compat.v1.train optimizers are not supported; see docs/migrate-from-horovod.md)")
+    keras_2 = _check_optimizer(optimizer)
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be >= 1")
     if tf.distribute.has_strategy() and tf.distribute.get_strategy().num_replicas_in_sync > 1:
@@ -192,7 +146,14 @@ def DistributedOptimizer(
     # Validates op / predivide the same way the tape does, on every rank alike.
     DistributedGradientTape(None, compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
                             num_groups=num_groups, process_set=process_set)
-    install_finite_agreement()
+    if keras_2 and (shard_optimizer_state or shard_gradients):
+        raise ValueError("shard_optimizer_state and shard_gradients need Keras 3; they are not supported with "
+                         "tf_keras (Keras 2) optimizers")
+    if keras_2 and backward_passes_per_step != 1:
+        raise ValueError("backward_passes_per_step > 1 is not supported with tf_keras (Keras 2) optimizers; "
+                         "accumulate gradients in your own loop, or use Keras 3")
+    if not keras_2:
+        install_finite_agreement()  # Keras 2's LossScaleOptimizer checks the reduced gradients already
     install_uneven_data_support()
     config = optimizer.get_config()
     if name is not None:
@@ -200,21 +161,46 @@ def DistributedOptimizer(
     if shard_optimizer_state or shard_gradients:
         return _sharded_copy(optimizer, config, compression, op, gradient_predivide_factor, backward_passes_per_step,
                              shard_gradients, process_set)
-    base = type(optimizer)
-    settings = dict(
+    settings = reduction_settings(
         compression=compression,
         sparse_as_dense=sparse_as_dense,
         op=op,
         gradient_predivide_factor=gradient_predivide_factor,
         num_groups=num_groups,
         groups=groups,
-        backward_passes_per_step=int(backward_passes_per_step),
+        backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients,
         scale_local_gradients=scale_local_gradients,
         process_set=process_set,
     )
-    cls = type(base.__name__, (_DistributedApply, base), {"_smdist_settings": settings, "__module__": base.__module__})
-    return cls.from_config(config)
+    return distributed_optimizer_class(type(optimizer), settings).from_config(config)
+
+
+def distributed_optimizer_class(base: type, settings: dict) -> type:
+    """The distributed subclass of the optimizer class ``base`` (Keras 3 or Keras 2), carrying ``settings``."""
+    if is_tf_keras_class(base):
+        from smdist_tf.keras.tf_keras_optimizer import DistributedAggregation
+
+        return distributed_class(DistributedAggregation, base, settings)
+    return distributed_class(_DistributedApply, base, settings)
+
+
+def _check_optimizer(optimizer: Any) -> bool:
+    """Checks that ``optimizer`` is one of the Keras ``tf.keras`` is; returns True for Keras 2."""
+    keras_2 = is_tf_keras_object(optimizer)
+    if not keras_2 and not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer takes a Keras optimizer, got {type(optimizer).__name__} "
+                        "(tf.compat.v1.train optimizers are not supported; see docs/migrate-from-horovod.md)")
+    if keras_2 != uses_tf_keras():
+        raise ValueError(
+            f"DistributedOptimizer got a {'Keras 2 (tf_keras)' if keras_2 else 'Keras 3'} optimizer, but tf.keras is "
+            f"{'Keras 3' if keras_2 else 'Keras 2'} in this process: smdist_tf serves the Keras tf.keras is. "
+            "For Keras 2 set TF_USE_LEGACY_KERAS=1 before importing TensorFlow (with tf-keras installed); "
+            "for Keras 3 leave it unset.")
+    if keras_2 and hasattr(optimizer, "inner_optimizer"):
+        raise TypeError("DistributedOptimizer takes the optimizer inside a tf_keras LossScaleOptimizer: "
+                        "wrap it as LossScaleOptimizer(DistributedOptimizer(optimizer))")
+    return keras_2
 
 
 def _sharded_copy(optimizer: keras.optimizers.Optimizer, config: dict, compression: type[Compressor], op: int,

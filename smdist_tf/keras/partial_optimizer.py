@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Union
 
-import keras
-
 from smdist_tf.compression import Compression, Compressor
 from smdist_tf.keras.optimizer import DistributedOptimizer
+from smdist_tf.keras_api import keras_api
 from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
+
+keras = keras_api()  # local_layers are layers of the Keras tf.keras is
 
 
 def PartialDistributedOptimizer(
@@ -37,7 +38,7 @@ def PartialDistributedOptimizer(
     up when the training step is traced, so layers may still be unbuilt here.
 
     Args:
-        optimizer: the Keras 3 optimizer to wrap (its config is copied).
+        optimizer: the Keras optimizer to wrap (its config is copied).
         name: optional new name for the optimizer.
         device_dense: accepted for Horovod compatibility.
         device_sparse: accepted for Horovod compatibility.

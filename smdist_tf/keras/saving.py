@@ -9,7 +9,10 @@ from typing import Any, Optional, Sequence, Union
 import keras
 
 from smdist_tf.compression import Compression, Compressor
-from smdist_tf.keras.optimizer import DistributedOptimizer
+from smdist_tf.keras.gradient_reduction import reduction_settings
+from smdist_tf.keras.optimizer import DistributedOptimizer, distributed_optimizer_class
+from smdist_tf.keras.uneven_data import install_uneven_data_support
+from smdist_tf.keras_api import keras_api, uses_tf_keras
 
 # Optimizers that wrap others: the optimizers inside them are wrapped instead.
 _WRAPPERS = (keras.optimizers.Optimizer, keras.optimizers.LossScaleOptimizer, keras.optimizers.MultiOptimizer)
@@ -47,7 +50,9 @@ def load_model(
     The optimizer's saved state (iteration count, learning rate, slots) is loaded into
     the distributed optimizer, so training resumes where it stopped. Every optimizer of
     ``keras.optimizers`` is wrapped without being named; a model saved with a
-    ``DistributedOptimizer`` saved a plain one and is wrapped again here.
+    ``DistributedOptimizer`` saved a plain one and is wrapped again here. With Keras 2
+    (``TF_USE_LEGACY_KERAS=1``) the model loads through ``tf_keras`` and its restored
+    optimizer becomes distributed in place.
 
     Args:
         filepath: a ``.keras`` file (or a legacy ``.h5`` file) that ``keras.saving.load_model`` reads.
@@ -60,6 +65,8 @@ def load_model(
         The model, compiled as it was saved.
     """
     custom_objects = dict(custom_objects or {})
+    if uses_tf_keras():
+        return _load_tf_keras_model(filepath, list(custom_optimizers or []), custom_objects, compression)
     stand_ins = {
         keras.saving.get_registered_name(cls): _Distributing(cls, compression)
         for cls in [*_keras_optimizer_classes(), *(custom_optimizers or [])]
@@ -77,3 +84,23 @@ def load_model(
         for name in stand_ins:
             del registry[name]
         registry.update(shadowed)
+
+
+def _load_tf_keras_model(filepath: Union[str, os.PathLike], custom_optimizers: list[type],
+                         custom_objects: dict[str, Any], compression: type[Compressor]) -> Any:
+    """Keras 2: loads the model as ``tf_keras`` does, then makes its optimizer distributed in place.
+
+    Turning the restored optimizer's class into its distributed subclass keeps the state
+    Keras 2 restored into it; Keras 2's optimizer deserialization (lower-cased names,
+    two optimizer families) is left alone.
+    """
+    # Unnamed custom optimizers still have to be found; an optimizer named in custom_objects stays unwrapped.
+    unwrapped = set(custom_objects.values())
+    findable = {cls.__name__: cls for cls in custom_optimizers}
+    model = keras_api().models.load_model(filepath, custom_objects={**findable, **custom_objects})
+    optimizer = getattr(model, "optimizer", None)
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # inside a LossScaleOptimizer
+    if optimizer is not None and type(optimizer) not in unwrapped:
+        optimizer.__class__ = distributed_optimizer_class(type(optimizer), reduction_settings(compression=compression))
+        install_uneven_data_support()
+    return model

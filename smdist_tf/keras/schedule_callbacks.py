@@ -1,11 +1,37 @@
-"""``LearningRateScheduleCallback``: Horovod's piecewise learning-rate schedule for Keras 3."""
+"""``LearningRateScheduleCallback``: Horovod's piecewise learning-rate schedule, and how callbacks set the rate."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
-import keras
 import tensorflow as tf
+
+from smdist_tf.keras_api import keras_api
+
+keras = keras_api()
+
+
+def current_value(value: Any) -> float:
+    """A learning rate or momentum (a variable of either Keras, a tensor or a number) as a float."""
+    return float(tf.convert_to_tensor(value).numpy())
+
+
+def set_learning_rate(optimizer: Any, new: float, momentum_correction: bool) -> Optional[float]:
+    """Sets ``optimizer``'s learning rate to ``new``; returns the momentum to restore after this batch.
+
+    With ``momentum_correction``, a variable ``momentum`` is scaled by new/old for this
+    batch only (the velocity was accumulated at the old rate; Goyal et al., 2017), and its
+    value before is returned; otherwise ``None``. Keras' built-in optimizers mostly keep
+    ``momentum`` as a Python float compiled into the step, which is left alone.
+    """
+    old = current_value(optimizer.learning_rate)
+    optimizer.learning_rate = new
+    momentum = getattr(optimizer, "momentum", None)
+    if not (momentum_correction and hasattr(momentum, "assign") and old > 0 and new != old):
+        return None
+    before = current_value(momentum)
+    momentum.assign(before * (new / old))
+    return before
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
@@ -26,9 +52,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         end_epoch: epoch at which it stops (exclusive); ``None``: it does not stop.
         staircase: change the rate once per epoch (``True``) or at every batch.
         momentum_correction: when the rate changes, scale a variable ``momentum`` by
-            new_rate/old_rate for that batch (Goyal et al., 2017). Keras 3's built-in
-            optimizers keep ``momentum`` as a Python float compiled into the step, so for
-            them this does nothing.
+            new_rate/old_rate for that batch (Goyal et al., 2017). Keras' built-in
+            optimizers mostly keep ``momentum`` as a Python float compiled into the step,
+            so for them this does nothing.
         steps_per_epoch: batches per epoch, for ``staircase=False``; taken from ``fit`` when ``None``.
     """
 
@@ -89,14 +115,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         if logs is not None:
-            logs["lr"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            logs["lr"] = current_value(self.model.optimizer.learning_rate)
 
     def _set_learning_rate(self, new: float) -> None:
-        optimizer = self.model.optimizer
-        old = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-        optimizer.learning_rate = new
-        momentum = getattr(optimizer, "momentum", None)
-        if self.momentum_correction and isinstance(momentum, (tf.Variable, keras.Variable)) and old > 0 and new != old:
-            # Only for this batch: the velocity was accumulated at the old rate.
-            self._restore_momentum = float(keras.ops.convert_to_numpy(momentum))
-            momentum.assign(self._restore_momentum * (new / old))
+        self._restore_momentum = set_learning_rate(self.model.optimizer, new, self.momentum_correction)

@@ -25,16 +25,17 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from smdist_tf import _compat
 from smdist_tf.collectives import allgather, allreduce, broadcast_variables, join
+from smdist_tf.keras_api import keras_api
 from smdist_tf.reduce_ops import Max
 from smdist_tf.runtime import is_initialized, size
 from smdist_tf.sharding.optimizer import unsharded_variables
 
+keras = keras_api()  # the hooks and their callback belong to the Keras tf.keras is
 _installed = False
 
 

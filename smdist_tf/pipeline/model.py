@@ -16,6 +16,7 @@ from smdist_tf.pipeline import partition as partition_lib
 from smdist_tf.pipeline import schedule as schedule_lib
 from smdist_tf.pipeline import topology as topology_lib
 from smdist_tf.pipeline import weights as weights_lib
+from smdist_tf.keras_api import require_keras_3
 from smdist_tf.pipeline.exchange import GroupPlan, from_bytes, to_bytes
 from smdist_tf.pipeline.gradient_sync import GradientSync
 from smdist_tf.pipeline.graph import ModelGraph
@@ -99,6 +100,7 @@ class PipelineModel(keras.Model):
     def __init__(self, model: ModelOrBuilder, num_stages: int, num_microbatches: int, schedule: str = "1f1b",
                  partition: partition_lib.PartitionSpec = "auto", recompute: bool = False,
                  verbose: bool = True, progress_on_rank_zero_only: bool = True, name: Optional[str] = None):
+        require_keras_3("PipelineModel")
         if not isinstance(num_microbatches, int) or num_microbatches < 1:
             raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
         if schedule not in schedule_lib.SCHEDULES:

@@ -332,4 +332,7 @@ def unsharded_variables(optimizer: Any) -> list:
     for sharded in sharded_optimizers(optimizer):
         if sharded._smdist_shards is not None:
             owners |= set(sharded._smdist_shards.slot_owner)
-    return [v for v in optimizer.variables if id(v) not in owners]
+    variables = optimizer.variables
+    if callable(variables):  # Keras 2's tf_keras.optimizers.legacy: a method
+        variables = variables()
+    return [v for v in variables if id(v) not in owners]

@@ -215,7 +215,7 @@ class PartialDistributedOptimizerTest(CompatTest):
             hvd.PartialDistributedOptimizer(keras.optimizers.SGD(), local_layers=["first"])
         with self.assertRaisesRegex(ValueError, "must be a ProcessSet"):
             hvd.PartialDistributedOptimizer(keras.optimizers.SGD(), process_set=object())
-        with self.assertRaisesRegex(TypeError, "takes a Keras 3 optimizer"):
+        with self.assertRaisesRegex(TypeError, "takes a Keras optimizer"):
             hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
 
 
