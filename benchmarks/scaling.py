@@ -12,6 +12,10 @@ One run measures, side by side and interleaved per repeat:
 * ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy`` with ``strategy.run`` in a loop.
 * ``ceiling_fit`` (only when asked for with ``--systems``): the ceiling with ``model.fit``.
 
+``--bucket-caps 64 4 1`` runs every smdist_tf path once per gradient-bucket size
+(``SMDIST_BUCKET_CAP_MB``, in MiB), interleaved, labelled ``smdist_tape[4MiB]`` and so on:
+64 MiB (the fusion threshold) is one bucket a step, no overlap.
+
 Every process runs with one TensorFlow intra-op and one inter-op thread, so N processes
 share the cores alike in every system. Weak scaling: the per-process batch is fixed.
 
@@ -391,8 +395,9 @@ def launcher(name: str) -> str:
     return str(local) if local.exists() else (shutil.which(name) or name)
 
 
-def run_system(args: argparse.Namespace, system: str, model: str, np_: int) -> tuple[Optional[dict], Optional[str]]:
-    """Runs one measurement job; returns (raw result, error text)."""
+def run_system(args: argparse.Namespace, system: str, model: str, np_: int,
+               bucket_cap_mb: Optional[float] = None) -> tuple[Optional[dict], Optional[str]]:
+    """Runs one measurement job (smdist_tf paths with ``SMDIST_BUCKET_CAP_MB`` when given); returns (raw result, error text)."""
     if system in ("ceiling", "ceiling_fit", "mwms"):
         sync_dir = tempfile.mkdtemp(prefix="smdist-scaling-")
         try:
@@ -426,7 +431,8 @@ def run_system(args: argparse.Namespace, system: str, model: str, np_: int) -> t
             outputs, error = run_group([cmd + worker_argv(args, system, model)], [env], args.timeout)
     else:
         cmd = [launcher("smdistrun"), "-np", str(np_)]
-        outputs, error = run_group([cmd + worker_argv(args, system, model)], [job_env()], args.timeout)
+        env = job_env(None if bucket_cap_mb is None else {"SMDIST_BUCKET_CAP_MB": f"{bucket_cap_mb:g}"})
+        outputs, error = run_group([cmd + worker_argv(args, system, model)], [env], args.timeout)
     found = parse_results(outputs[0])
     if error is not None or not found:
         return None, f"{error or 'no result'}: {outputs[0][-3000:]}"
@@ -451,21 +457,27 @@ def summarize(records: list, args: argparse.Namespace, errors: list, skipped: di
     for model in args.models:
         for np_ in args.np:
             rows = [r for r in records if r["model"] == model and r["np"] == np_ and "samples_per_sec" in r]
-            systems = [s for s in args.systems if any(r["system"] == s for r in rows)]
+            labels = list(dict.fromkeys(r["label"] for r in rows))
             case = {
-                "median_ratio_to_ceiling": {s: median([r.get("ratio_to_ceiling") for r in rows if r["system"] == s])
-                                            for s in systems if s != "ceiling"},
-                "median_samples_per_sec": {s: median([r["samples_per_sec"] for r in rows if r["system"] == s]) for s in systems},
+                "median_ratio_to_ceiling": {s: median([r.get("ratio_to_ceiling") for r in rows if r["label"] == s])
+                                            for s in labels if s != "ceiling"},
+                "median_samples_per_sec": {s: median([r["samples_per_sec"] for r in rows if r["label"] == s])
+                                           for s in labels},
             }
-            tape = [r for r in rows if r["system"] == "smdist_tape" and r.get("wire_ms") is not None]
-            if tape:
-                case["smdist_tape_breakdown_ms"] = {k: median([r.get(k) for r in tape])
-                                                    for k in ("step_ms", "compute_ms", "wire_ms", "overhead_ms")}
-                case["smdist_tape_breakdown_ms"]["grad_bytes"] = tape[0]["grad_bytes"]
-                case["smdist_tape_breakdown_ms"]["busbw_GBps"] = median([r.get("busbw_GBps") for r in tape])
+            # The tape's step split into compute, wire and overhead: one entry per bucket size.
+            for label in labels:
+                tape = [r for r in rows if r["label"] == label and r["system"] == "smdist_tape"
+                        and r.get("wire_ms") is not None]
+                if tape:
+                    key = "smdist_tape_breakdown_ms" + label[len("smdist_tape"):]
+                    case[key] = {k: median([r.get(k) for r in tape])
+                                 for k in ("step_ms", "compute_ms", "wire_ms", "overhead_ms")}
+                    case[key]["grad_bytes"] = tape[0]["grad_bytes"]
+                    case[key]["busbw_GBps"] = median([r.get("busbw_GBps") for r in tape])
             per_case[f"{model}@np{np_}"] = case
             if np_ == 2:
-                ratios = [case["median_ratio_to_ceiling"].get(s) for s in SMDIST_PATHS if s in args.systems]
+                ratios = [ratio for label, ratio in case["median_ratio_to_ceiling"].items()
+                          if label.split("[")[0] in SMDIST_PATHS]
                 goal[model] = None if not ratios or None in ratios else all(r >= GOAL_RATIO for r in ratios)
     measured = [v for v in goal.values()]
     return {
@@ -476,16 +488,20 @@ def summarize(records: list, args: argparse.Namespace, errors: list, skipped: di
         f"every_smdist_path_ge_{GOAL_RATIO:.2f}_of_ceiling_at_np2_by_model": goal,
         "models": {m: model_spec(m, args.quick) for m in args.models},
         "batch_per_process": args.batch, "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
-        "np": args.np, "systems": args.systems, "quick": args.quick, "skipped": skipped, "errors": errors,
+        "np": args.np, "systems": args.systems, "bucket_caps_mb": args.bucket_caps, "quick": args.quick,
+        "skipped": skipped, "errors": errors,
         "cpu_count": os.cpu_count(), "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "wall_s": round(wall_s, 1),
     }
 
 
-def measurement(args, system: str, model: str, np_: int, repeat: int, raw: dict, ceiling: Optional[dict]) -> dict:
+def measurement(args, system: str, model: str, np_: int, repeat: int, raw: dict, ceiling: Optional[dict],
+                bucket_cap_mb: Optional[float] = None) -> dict:
     step_s = raw["step_s"]
     sps = raw.get("samples_per_sec", args.batch * np_ / step_s)
-    rec = {"system": system, "model": model, "np": np_, "repeat": repeat, "batch_per_process": args.batch,
+    label = system if bucket_cap_mb is None else f"{system}[{bucket_cap_mb:g}MiB]"
+    rec = {"system": system, "label": label, "bucket_cap_mb": bucket_cap_mb, "model": model, "np": np_,
+           "repeat": repeat, "batch_per_process": args.batch,
            "samples_per_sec": round(sps, 2), "step_ms": round(step_s * 1e3, 3),
            "ratio_to_ceiling": round(sps / ceiling["samples_per_sec"], 3) if ceiling and system != "ceiling" else None}
     if system in ("ceiling", "ceiling_fit"):
@@ -516,6 +532,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per job (default 30; --quick 5)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5; --quick 2)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--bucket-caps", type=float, nargs="+", default=None,
+                        help="run each smdist_tf path once per SMDIST_BUCKET_CAP_MB value (MiB), interleaved")
     parser.add_argument("--timeout", type=float, default=420, help="seconds per job; its process groups are killed past it")
     parser.add_argument("--quick", action="store_true", help="tiny models, few steps, np 2: a smoke run")
     parser.add_argument("--worker", choices=ALL_SYSTEMS, help=argparse.SUPPRESS)
@@ -553,17 +571,21 @@ def main() -> int:
             for np_ in args.np:
                 ceiling = None
                 for system in systems:  # the ceiling first, then the smdist_tf paths, then the peers
-                    raw, error = run_system(args, system, model, np_)
-                    if error is not None:
-                        rec = {"system": system, "model": model, "np": np_, "repeat": repeat, "error": error}
-                        last = [line for line in error.splitlines() if line.strip()][-1]
-                        errors.append(f"{system} {model} np={np_} repeat={repeat}: {error.split(':')[0]}: {last[:200]}")
-                    else:
-                        if system == "ceiling":
-                            ceiling = raw
-                        rec = measurement(args, system, model, np_, repeat, raw, ceiling)
-                        records.append(rec)
-                    emit(rec)
+                    caps = args.bucket_caps if args.bucket_caps and system in SMDIST_PATHS else [None]
+                    for cap in caps:
+                        raw, error = run_system(args, system, model, np_, cap)
+                        if error is not None:
+                            rec = {"system": system, "bucket_cap_mb": cap, "model": model, "np": np_, "repeat": repeat,
+                                   "error": error}
+                            last = [line for line in error.splitlines() if line.strip()][-1]
+                            errors.append(f"{system} {model} np={np_} repeat={repeat}: {error.split(':')[0]}: "
+                                          f"{last[:200]}")
+                        else:
+                            if system == "ceiling":
+                                ceiling = raw
+                            rec = measurement(args, system, model, np_, repeat, raw, ceiling, cap)
+                            records.append(rec)
+                        emit(rec)
     emit(summarize(records, args, errors, skipped, time.monotonic() - start))
     return 1 if errors else 0
 

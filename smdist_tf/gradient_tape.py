@@ -7,6 +7,7 @@ from typing import Any, Optional, Sequence
 import tensorflow as tf
 
 from smdist_tf import process_sets as _process_sets, reduce_ops
+from smdist_tf.buckets import bucket_cap_bytes, ready_order_buckets
 from smdist_tf.collectives import grouped_allreduce
 from smdist_tf.compression import Compression, Compressor, validate as validate_compression
 from smdist_tf.process_sets import ProcessSet
@@ -17,7 +18,10 @@ from smdist_tf.runtime import size
 class DistributedGradientTape:
     """Wraps a ``tf.GradientTape`` so ``gradient()`` returns gradients reduced over all ranks (or a process set's).
 
-    Dense gradients are reduced in one fused request per group; ``tf.IndexedSlices``
+    Dense gradients are reduced in fused requests: inside a ``tf.function``, buckets
+    issued in the order backpropagation produces them, so they travel while the rest of
+    the backward pass runs (``smdist_tf.buckets``); eagerly, one request; with
+    ``num_groups`` or ``groups``, one per group. ``tf.IndexedSlices``
     gradients (embeddings) are allgathered, or densified first with
     ``sparse_as_dense=True``; ``None`` gradients pass through. Works with Keras 3
     variables and ``tf.Variable`` alike (sources are never asked for ``.ref()``).
@@ -154,7 +158,7 @@ class DistributedGradientTape:
             n = min(self._num_groups, len(present))
             per = -(-len(present) // n)
             return [present[k : k + per] for k in range(0, len(present), per)]
-        return [present] if present else []
+        return ready_order_buckets(grads, present, bucket_cap_bytes())
 
 
 def PartialDistributedGradientTape(

@@ -7,6 +7,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from smdist_tf import _compat
+from smdist_tf.buckets import bucket_cap_bytes, ready_order_buckets
 from smdist_tf.collectives import allgather, grouped_allreduce
 from smdist_tf.compression import Compression, Compressor
 from smdist_tf.process_sets import ProcessSet
@@ -38,8 +39,13 @@ def group_size(process_set: Optional[ProcessSet]) -> int:
 
 
 def reduce_flat(reduce_op: Any, flat: list, compression: type[Compressor] = Compression.none,
-                process_set: Optional[ProcessSet] = None) -> list:
-    """Reduces a flat list of tensors / ``IndexedSlices`` over all ranks (or a set's) in one fused request."""
+                process_set: Optional[ProcessSet] = None, bytes_per_pack: int = 0) -> list:
+    """Reduces a flat list of tensors / ``IndexedSlices`` over all ranks (or a set's).
+
+    Inside a ``tf.function`` in buckets issued last tensor first (gradients, in the
+    order backpropagation makes them; ``smdist_tf.buckets``), of at most
+    ``bytes_per_pack`` bytes when given; eagerly in one fused request.
+    """
     op = _engine_op(reduce_op)
     tensors, restore = [], []
     for item in flat:
@@ -61,12 +67,15 @@ def reduce_flat(reduce_op: Any, flat: list, compression: type[Compressor] = Comp
         return []
     # Integers cannot be averaged in place: sum, then divide like TF does.
     integer = [not isinstance(t, tf.IndexedSlices) and t.dtype.is_integer for t in tensors]
-    if op == Average and any(integer):
-        reduced = [_divide(r, group_size(process_set))
-                   for r in grouped_allreduce(tensors, op=Sum, process_set=process_set)]
-    else:
-        float_compression = compression if not any(integer) else Compression.none
-        reduced = grouped_allreduce(tensors, op=op, compression=float_compression, process_set=process_set)
+    divide = op == Average and any(integer)
+    float_compression = compression if not any(integer) else Compression.none
+    reduced: list = [None] * len(tensors)
+    cap = bucket_cap_bytes(bytes_per_pack)
+    for bucket in ready_order_buckets(tensors, list(range(len(tensors))), cap):
+        results = grouped_allreduce([tensors[i] for i in bucket], op=Sum if divide else op,
+                                    compression=float_compression, process_set=process_set)
+        for i, r in zip(bucket, results):
+            reduced[i] = _divide(r, group_size(process_set)) if divide else r
     return [tf.cast(r, dtype) if dtype is not None else r for r, dtype in zip(reduced, restore)]
 
 
@@ -96,8 +105,10 @@ def _as_mirrored(tensor: Any) -> Any:
 class SmdistCrossDeviceOps(tf.distribute.CrossDeviceOps):
     """A ``tf.distribute.CrossDeviceOps`` for one replica per process, talking to other processes.
 
-    Every reduction of a step (all gradients) becomes one ``grouped_allreduce``
-    request; gathers use ``allgather``.
+    The reductions of a step (all gradients) become ``grouped_allreduce`` requests in
+    buckets, issued as backpropagation produces them (see :func:`reduce_flat`); a
+    ``CommunicationOptions(bytes_per_pack=...)`` sets the bucket size. Gathers use
+    ``allgather``.
 
     Args:
         compression: wire compression for floating-point reductions.
@@ -121,15 +132,20 @@ class SmdistCrossDeviceOps(tf.distribute.CrossDeviceOps):
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
         flat = [local_value(value) for value, _ in value_destination_pairs]
-        return [_as_mirrored(r) for r in self.reduce(reduce_op, flat)]
+        return [_as_mirrored(r) for r in self.reduce(reduce_op, flat, _bytes_per_pack(options))]
 
     def _gather_implementation(self, per_replica_value, destinations, axis, options):
         return _as_mirrored(gather_tensor(local_value(per_replica_value), axis, self.process_set))
 
     def _all_reduce(self, reduce_op, value, replica_id, options):
         flat = tf.nest.flatten(value, expand_composites=False)
-        return tf.nest.pack_sequence_as(value, self.reduce(reduce_op, flat))
+        return tf.nest.pack_sequence_as(value, self.reduce(reduce_op, flat, _bytes_per_pack(options)))
 
-    def reduce(self, reduce_op: Any, flat: list) -> list:
+    def reduce(self, reduce_op: Any, flat: list, bytes_per_pack: int = 0) -> list:
         """:func:`reduce_flat` with this object's compression and process set."""
-        return reduce_flat(reduce_op, flat, self._compression, self.process_set)
+        return reduce_flat(reduce_op, flat, self._compression, self.process_set, bytes_per_pack)
+
+
+def _bytes_per_pack(options: Any) -> int:
+    """The bucket size a ``tf.distribute.experimental.CommunicationOptions`` asks for (0: ours)."""
+    return int(getattr(options, "bytes_per_pack", 0) or 0)
