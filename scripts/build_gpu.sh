@@ -11,9 +11,9 @@
 #    tests/test_tensorflow_package.py. An existing venv with that TensorFlow is
 #    reused as it is. $SMDIST_BASE_PYTHON, when set, stands for .venv's Python
 #    (the CI lane passes the suite's own, and its venv as $SMDIST_GPU_VENV).
-# 3. Builds into $SMDIST_GPU_OUT (default build/gpu/smdist_tf) with
-#    `cc_ops/build.py --gpu` (objects in build/obj-gpu; the CPU build in
-#    smdist_tf/ and build/obj is left alone).
+# 3. Builds into $SMDIST_GPU_OUT (default build/gpu/smdist_tf) with CMake,
+#    -DSMDIST_GPU_KERNELS=ON, in the build tree build/gpu/cmake (the CPU build
+#    in smdist_tf/ and build/cmake is left alone).
 # 4. Prints the registered kernels of our collective ops
 #    (scripts/gpu_kernel_listing.py); exits nonzero if one lacks a GPU kernel.
 #
@@ -25,8 +25,9 @@ if [ -z "${SMDIST_BASE_PYTHON:-}" ] && [ ! -x .venv/bin/python ]; then
 fi
 source scripts/env.sh
 base_python="${SMDIST_BASE_PYTHON:-.venv/bin/python}"
-venv="${SMDIST_GPU_VENV:-.venv-gpu}"
-out="${SMDIST_GPU_OUT:-build/gpu/smdist_tf}"
+# Absolute for CMake; -s keeps the venv's python link as it is (resolved, it is the base Python).
+venv=$(realpath -ms "${SMDIST_GPU_VENV:-.venv-gpu}")
+out=$(realpath -ms "${SMDIST_GPU_OUT:-build/gpu/smdist_tf}")
 tf_version=$("$base_python" - <<'EOF'
 import importlib.metadata as m
 for dist in ("tensorflow-cpu", "tensorflow"):
@@ -50,5 +51,7 @@ if ! "$gpu_python" -c "import importlib.metadata as m, sys; sys.exit(m.version('
   "$gpu_python" -m pip install --no-deps -q "tensorflow==$tf_version"
 fi
 
-"$gpu_python" cc_ops/build.py --gpu --out-dir "$out"
+cmake -S . -B build/gpu/cmake -G Ninja -DPython_EXECUTABLE="$gpu_python" -DSMDIST_GPU_KERNELS=ON \
+  -DSMDIST_OUTPUT_DIR="$out"
+cmake --build build/gpu/cmake
 "$gpu_python" scripts/gpu_kernel_listing.py "$out"

@@ -1,7 +1,7 @@
 """Prints the kernels a built ``smdist_tf_ops.so`` registers for our ops; fails if a collective lacks a GPU one.
 
-Usage: ``python scripts/gpu_kernel_listing.py OUT_DIR`` (the ``--out-dir`` of
-``cc_ops/build.py --gpu``), run by the Python of a CUDA build of TensorFlow
+Usage: ``python scripts/gpu_kernel_listing.py OUT_DIR`` (the ``SMDIST_OUTPUT_DIR`` of
+a ``-DSMDIST_GPU_KERNELS=ON`` build), run by the Python of a CUDA build of TensorFlow
 (scripts/build_gpu.sh runs it). Needs no GPU: it loads the library and reads
 TensorFlow's kernel registry; nothing runs on a device.
 

@@ -23,11 +23,15 @@ export SMDIST_RUNTIME_DIR=/tmp/smdist_runtime
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 "$python" -c "import sys, cupy; from cupy.cuda import nccl; print('python', sys.version.split()[0], 'cupy', cupy.__version__, \
 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion(), 'nccl', nccl.get_version(), 'gpus', cupy.cuda.runtime.getDeviceCount())"
-if ! "$python" cc_ops/build.py --without-tensorflow --out-dir "$SMDIST_RUNTIME_DIR" > "$out_dir/build.log" 2>&1; then
+# The engine and the bindings alone, into $SMDIST_RUNTIME_DIR; CMake and Ninja are on that machine.
+python_path=$("$python" -c "import sys; print(sys.executable)")
+if ! { cmake -S . -B build/without-tensorflow -G Ninja -DPython_EXECUTABLE="$python_path" \
+         -DSMDIST_WITH_TENSORFLOW=OFF -DSMDIST_OUTPUT_DIR="$SMDIST_RUNTIME_DIR" &&
+       cmake --build build/without-tensorflow; } > "$out_dir/build.log" 2>&1; then
   tail -60 "$out_dir/build.log"
   exit 1
 fi
-grep -v '^  compile' "$out_dir/build.log"
+grep 'smdist_tf build:' "$out_dir/build.log"
 "$python" -c "import sys; sys.path.insert(0, '.'); from tests.gpu.cupy_engine import load_runtime; rt = load_runtime(); \
 import os; print('nccl_built', rt.nccl_built(), 'cuda_built', rt.cuda_built(), \
 {k: v for k, v in os.environ.items() if k.startswith('SMDIST_') and k.endswith('LIBRARY')})"

@@ -20,14 +20,15 @@ def rebuild_hint(package_dir: Path = _PACKAGE_DIR) -> str:
     """How to rebuild the native libraries for the TensorFlow this Python imports.
 
     In a source checkout (an editable install, or running from the tree) that is the
-    build script with this Python, given by absolute paths so it works from any
-    directory. The build notices a changed TensorFlow or MPI (its toolchain stamp) and
-    then recompiles everything. An installed copy is rebuilt by installing again from
-    the source tree.
+    editable install of the checkout with this Python, given by absolute paths so it
+    works from any directory: its CMake configure asks TensorFlow and MPI again, and
+    the build recompiles whatever their change touches. An installed copy is rebuilt by
+    installing again from the source tree.
     """
-    script = package_dir.parent / "cc_ops" / "build.py"
-    if script.is_file():
-        return f"rebuild it with `{shlex.quote(sys.executable)} {shlex.quote(str(script))}`"
+    source_dir = package_dir.parent
+    if (source_dir / "CMakeLists.txt").is_file():
+        return (f"rebuild it with `{shlex.quote(sys.executable)} -m pip install --no-build-isolation --no-deps "
+                f"-e {shlex.quote(str(source_dir))}`")
     return (f"install the smdist_tf wheel built for the installed TensorFlow (its version ends in +tf<version>), "
             f"or rebuild it from the smdist_tf source directory with "
             f"`{shlex.quote(sys.executable)} -m pip install --no-build-isolation --no-deps .`")
@@ -88,7 +89,7 @@ def missing_gpu_kernels(info: dict, gpus: list) -> Optional[str]:
         return None
     return (f"smdist_tf: TensorFlow sees {len(gpus)} GPU(s), but these smdist_tf ops have CPU kernels only, so "
             f"GPU tensors are copied to the host for every collective. Build the GPU variant "
-            f"(`bash scripts/build_gpu.sh`, or `python cc_ops/build.py --gpu` with the `tensorflow` package) "
+            f"(`bash scripts/build_gpu.sh`, or a build with `-DSMDIST_GPU_KERNELS=ON` and the `tensorflow` package) "
             f"to reduce them on the GPU with NCCL.")
 
 

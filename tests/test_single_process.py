@@ -77,11 +77,12 @@ class BuildTest(tf.test.TestCase):
         check_tensorflow_version("2.21.0", "2.21.0")
         with self.assertRaisesRegex(ImportError, "built against TensorFlow 2.20.0 but TensorFlow 2.21.0 is installed: rebuild") as raised:
             check_tensorflow_version("2.20.0", "2.21.0")
-        # In a checkout: this Python running the build script, by absolute paths (works from any directory;
-        # the build recompiles everything when TensorFlow changed, see docs/installation.md#rebuilding).
+        # In a checkout: this Python reinstalling the checkout in place, by absolute paths (works from any
+        # directory; the build recompiles what a changed TensorFlow touches, see docs/installation.md#rebuilding).
         command = shlex.split(re.search(r"`([^`]+)`", str(raised.exception)).group(1))
-        self.assertEqual(command, [sys.executable, str(ROOT / "cc_ops" / "build.py")])
-        self.assertTrue(Path(command[1]).is_file())
+        self.assertEqual(command, [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e",
+                                   str(ROOT)])
+        self.assertTrue((Path(command[-1]) / "CMakeLists.txt").is_file())
         self.assertNotIn("-e .", str(raised.exception))
 
     def test_installed_copy_is_told_to_reinstall_from_source(self):
@@ -107,13 +108,16 @@ class BuildTest(tf.test.TestCase):
         # An installed (copied) package must not reach back into the build tree for its engine.
         copy = Path(self.get_temp_dir()) / "relocated"
         shutil.copytree(ROOT / "smdist_tf", copy / "smdist_tf", ignore=shutil.ignore_patterns("__pycache__"))
-        env = dict(mpi_env(), PYTHONPATH=str(copy))
+        # -S leaves the .pth files unread: the editable install's import hook, which comes before PYTHONPATH,
+        # would import the source tree. The rest of this process's sys.path follows the copy.
+        path = [str(copy), *(p for p in sys.path if p and Path(p).resolve() != ROOT)]
+        env = dict(mpi_env(), PYTHONPATH=os.pathsep.join(path))
         code = ("import smdist_tf as sd\n"
                 "sd.init(); assert sd.size() == 1\n"
                 "print(sd.__file__)\n"
                 "print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'smdist' in l}))\n")
-        result = subprocess.run([sys.executable, "-c", code], cwd=copy, env=env, capture_output=True, text=True,
-                                timeout=120)
+        result = subprocess.run([sys.executable, "-S", "-c", code], cwd=copy, env=env, capture_output=True,
+                                text=True, timeout=120)
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
         lines = result.stdout.splitlines()
         self.assertTrue(lines[0].startswith(str(copy)), lines)

@@ -2,10 +2,11 @@
 
 The suite itself runs on ``tensorflow-cpu``. Here a fresh virtual environment gets
 ``tensorflow`` of the same version alone (``--no-deps``); everything else (Keras,
-NumPy, Open MPI, pytest) comes from this environment's site-packages through a
-``.pth`` line, which Python appends after the new environment's own packages, so
-``import tensorflow`` finds the ``tensorflow`` distribution. A copy of the source
-tree is built against it, and a smoke subset of the suite runs in that copy: the
+NumPy, Open MPI, pytest, the build tools) comes from this environment's site-packages
+through a ``.pth`` line, which Python appends after the new environment's own
+packages, so ``import tensorflow`` finds the ``tensorflow`` distribution. A copy of
+the source tree is built against it by ``pip wheel`` (whose wheel must pin
+``tensorflow``), and a smoke subset of the suite runs in that copy: the
 single-process tests, every collective and error path at 2 ranks, and Keras
 training at 2 ranks.
 
@@ -23,6 +24,7 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+import zipfile
 from pathlib import Path
 
 import tensorflow as tf
@@ -64,7 +66,13 @@ class TensorflowPackageTest(tf.test.TestCase):
         shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "__pycache__",
                                                                   "*.so", "build_info.json", "*.egg-info",
                                                                   ".venv-gpu"))
-        run([python, "cc_ops/build.py"], tree, 900, env)
+        # The wheel pins the TensorFlow it was built beside; the build leaves the libraries in the tree too.
+        run([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(tmp / "dist"), "."],
+            tree, 900, env)
+        (wheel,) = (tmp / "dist").glob("smdist_tf-*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        self.assertIn(f"Requires-Dist: tensorflow=={tf.__version__}\n", meta)
         info = json.loads((tree / "smdist_tf" / "build_info.json").read_text())
         self.assertEqual(info["tensorflow_version"], tf.__version__)
         self.assertFalse(info["gpu_kernels"])  # the CUDA-capable package alone does not make a GPU build

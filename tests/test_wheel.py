@@ -35,7 +35,7 @@ def tensorflow_distribution() -> str:
 
 def run(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     env = mpi_env()
-    env.pop("PYTHONPATH")  # the source tree (and its egg-info) must stay out of sight
+    env.pop("PYTHONPATH")  # the source tree must stay out of sight
     result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{argv} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result

@@ -1,8 +1,8 @@
 """Every rank: the engine's collectives on NumPy buffers, with TensorFlow impossible to import.
 
 Run by tests/test_engine_without_tensorflow.py under mpirun. With an argument, the
-runtime module is taken from that directory (a build made with
-``cc_ops/build.py --without-tensorflow``); otherwise from the smdist_tf package.
+runtime module is taken from that directory (a build configured with
+``-DSMDIST_WITH_TENSORFLOW=OFF``); otherwise from the smdist_tf package.
 Prints ``ENGINE-BUFFERS OK <rank>`` when every check passed.
 """
 
