@@ -2,8 +2,8 @@
 
 A rank whose check fails leaves the test while its peers may still wait for it; the job then ends on a
 hang, and pytest's summary, printed at the end, would never come. So each failure is written to stderr as
-soon as its test ends, and a test still running after ``hang_seconds`` prints the test, the rank and the
-main thread's stack, and exits the rank, which ends the job.
+soon as its test ends, and a test still running after ``hang_seconds`` prints the test, the rank and
+every thread's stack (the main thread's first), and exits the rank, which ends the job.
 """
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ def fixtures(rank: int, size: int, hang_seconds: float, name: str) -> tuple:
         def expire():
             if capture is not None:
                 capture.suspend_global_capture(in_=True)  # pytest's capture would lose what follows
-            stack = "".join(traceback.format_stack(sys._current_frames()[main])[-12:])
             sys.stderr.write(f"\n[rank {rank}/{size}] HUNG: {request.node.nodeid} still running after "
-                             f"{hang_seconds} s\n{stack}\n")
+                             f"{hang_seconds} s\n{thread_stacks(main)}\n")
             sys.stderr.flush()
             os._exit(3)
 
@@ -55,3 +54,12 @@ def fixtures(rank: int, size: int, hang_seconds: float, name: str) -> tuple:
         timer.cancel()
 
     return report_failures_at_once, fail_instead_of_hanging
+
+
+def thread_stacks(main: int) -> str:
+    """Every Python thread's innermost frames, the main thread's first: a hang may be another thread's doing."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    frames = sys._current_frames()
+    order = [main] + [ident for ident in frames if ident != main]
+    return "\n".join(f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frames[ident])[-12:])
+                     for ident in order if ident in frames and ident != threading.get_ident())
