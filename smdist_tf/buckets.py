@@ -57,18 +57,28 @@ def _nbytes(value: Any) -> Optional[int]:
     return None if elements is None else elements * tensor.dtype.size
 
 
-def ready_order_buckets(values: list, positions: list[int], cap: int) -> list[list[int]]:
-    """Splits ``positions`` (indices into ``values``, in source order) into buckets, last sources first.
+def gradient_buckets(values: list, positions: list[int], bytes_per_pack: int = 0) -> list[list[int]]:
+    """The requests ``positions`` (indices into ``values``, in source order) travel in.
 
-    In eager mode, one bucket. Otherwise consecutive positions go together, walking
-    backwards, until the next would push a bucket past ``cap`` bytes; a gradient larger
-    than ``cap``, or of unknown size, gets a bucket of its own. Each bucket lists its
-    positions in ascending order.
+    Eagerly, one request; the bucket size is not even read, as this runs every step.
+    Inside a ``tf.function``, :func:`ready_order_buckets` with :func:`bucket_cap_bytes`.
     """
     if not positions:
         return []
     if tf.executing_eagerly():
         return [list(positions)]
+    return ready_order_buckets(values, positions, bucket_cap_bytes(bytes_per_pack))
+
+
+def ready_order_buckets(values: list, positions: list[int], cap: int) -> list[list[int]]:
+    """Splits ``positions`` (indices into ``values``, in source order) into buckets, last sources first.
+
+    Consecutive positions go together, walking backwards, until the next would push a
+    bucket past ``cap`` bytes; a gradient larger than ``cap``, or of unknown size, gets a
+    bucket of its own. Each bucket lists its positions in ascending order.
+    """
+    if not positions:
+        return []
     buckets: list[list[int]] = []
     current: list[int] = []
     filled = 0

@@ -7,7 +7,7 @@ from typing import Any, Optional, Sequence
 import tensorflow as tf
 
 from smdist_tf import process_sets as _process_sets, reduce_ops
-from smdist_tf.buckets import bucket_cap_bytes, ready_order_buckets
+from smdist_tf.buckets import gradient_buckets
 from smdist_tf.collectives import grouped_allreduce
 from smdist_tf.compression import Compression, Compressor, validate as validate_compression
 from smdist_tf.process_sets import ProcessSet
@@ -158,7 +158,7 @@ class DistributedGradientTape:
             n = min(self._num_groups, len(present))
             per = -(-len(present) // n)
             return [present[k : k + per] for k in range(0, len(present), per)]
-        return ready_order_buckets(grads, present, bucket_cap_bytes())
+        return gradient_buckets(grads, present)
 
 
 def PartialDistributedGradientTape(

@@ -8,7 +8,7 @@ from unittest import mock
 import tensorflow as tf
 
 import smdist_tf as sd
-from smdist_tf.buckets import BUCKET_CAP_VARIABLE, bucket_cap_bytes, ready_order_buckets
+from smdist_tf.buckets import BUCKET_CAP_VARIABLE, bucket_cap_bytes, gradient_buckets, ready_order_buckets
 
 KIB = 1024
 
@@ -41,7 +41,7 @@ class ReadyOrderBucketsTest(tf.test.TestCase):
 
     def test_eager_code_keeps_one_request(self):
         values = [tf.zeros([KIB]) for _ in range(4)]
-        self.assertEqual(ready_order_buckets(values, [0, 1, 2, 3], 1), [[0, 1, 2, 3]])
+        self.assertEqual(gradient_buckets(values, [0, 1, 2, 3], bytes_per_pack=1), [[0, 1, 2, 3]])
 
 
 class BucketCapTest(tf.test.TestCase):

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from smdist_tf import _compat
-from smdist_tf.buckets import bucket_cap_bytes, ready_order_buckets
+from smdist_tf.buckets import gradient_buckets
 from smdist_tf.collectives import allgather, grouped_allreduce
 from smdist_tf.compression import Compression, Compressor
 from smdist_tf.process_sets import ProcessSet
@@ -70,8 +70,7 @@ def reduce_flat(reduce_op: Any, flat: list, compression: type[Compressor] = Comp
     divide = op == Average and any(integer)
     float_compression = compression if not any(integer) else Compression.none
     reduced: list = [None] * len(tensors)
-    cap = bucket_cap_bytes(bytes_per_pack)
-    for bucket in ready_order_buckets(tensors, list(range(len(tensors))), cap):
+    for bucket in gradient_buckets(tensors, list(range(len(tensors))), bytes_per_pack):
         results = grouped_allreduce([tensors[i] for i in bucket], op=Sum if divide else op,
                                     compression=float_compression, process_set=process_set)
         for i, r in zip(bucket, results):
