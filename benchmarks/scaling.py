@@ -16,6 +16,16 @@ One run measures, side by side and interleaved per repeat:
 (``SMDIST_BUCKET_CAP_MB``, in MiB), interleaved, labelled ``smdist_tape[4MiB]`` and so on:
 64 MiB (the fusion threshold) is one bucket a step, no overlap.
 
+``--xla`` runs the ceiling and every smdist_tf path twice, interleaved: as above and with XLA
+(``jit_compile=True`` for the step, or for ``fit``), labelled ``smdist_tape[xla]`` and so on.
+An XLA path's ratio is to the XLA ceiling; the summary adds each path's samples/s with XLA
+over without (``xla_over_graph``).
+
+``--autotune`` runs every smdist_tf path twice, interleaved: with the default settings and with
+``SMDIST_AUTOTUNE=1`` (labelled ``[autotune]``). Such a job trains until tuning has ended on every
+rank before it starts timing, and reports what was chosen. The summary adds each path's samples/s
+with autotuning over without (``autotune_over_default``).
+
 Every process runs with one TensorFlow intra-op and one inter-op thread, so N processes
 share the cores alike in every system. Weak scaling: the per-process batch is fixed.
 
@@ -151,14 +161,12 @@ def result(payload: dict) -> None:
     print("RESULT " + json.dumps(payload), flush=True)
 
 
-def custom_step(model, optimizer, wrap_tape=None):
+def custom_step(model, optimizer, wrap_tape=None, jit_compile: bool = False):
     import tensorflow as tf
 
     lossf = loss_fn()
 
-    @tf.function
-    def step(iterator):
-        x, y = next(iterator)
+    def train(x, y):
         with tf.GradientTape() as tape:
             loss = lossf(y, model(x, training=True))
         if wrap_tape is not None:
@@ -166,6 +174,14 @@ def custom_step(model, optimizer, wrap_tape=None):
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
+
+    if jit_compile:  # XLA compiles the step; reading the dataset iterator stays outside it
+        train = tf.function(train, jit_compile=True)
+
+    @tf.function
+    def step(iterator):
+        x, y = next(iterator)
+        return train(x, y)
 
     return step
 
@@ -192,6 +208,19 @@ class StepTimer:
         return _Timer()
 
 
+def finish_autotune(sd, train_a_while) -> Optional[dict]:
+    """With SMDIST_AUTOTUNE=1: calls ``train_a_while()`` until tuning has ended on every rank; the choice."""
+    if not sd.engine_config()["autotune"]:
+        return None
+    for _ in range(200):
+        if all(sd.allgather_object(sd.engine_config()["autotune_finished"])):
+            config = sd.engine_config()
+            return {k: config[k] for k in ("fusion_threshold_bytes", "cycle_time_ms", "shm_min_bytes",
+                                           "cross_memory_min_bytes")}
+        train_a_while()
+    raise RuntimeError("autotuning did not finish within 200 rounds of training")
+
+
 def fit_seconds_per_step(model, data, args: argparse.Namespace, callbacks: list, before=None) -> float:
     timer = StepTimer.make(args.warmup, before)
     model.fit(data, epochs=1, steps_per_epoch=args.warmup + args.steps, verbose=0, callbacks=[*callbacks, timer])
@@ -209,7 +238,7 @@ def worker_ceiling(args: argparse.Namespace) -> None:
                                       before=lambda: file_barrier(args.sync_dir, "ready", args.index, args.count, args.timeout))
         step = custom_step(*build_model(args.model, args.quick))  # to keep the cores busy below
     else:
-        step = custom_step(model, optimizer)
+        step = custom_step(model, optimizer, jit_compile=args.jit_compile)
         step_s = time_loop(step, iterator, args.steps, args.warmup,
                            before=lambda: file_barrier(args.sync_dir, "ready", args.index, args.count, args.timeout))
     # Keep loading the machine until every process has finished timing, so none runs alone at the end.
@@ -251,23 +280,29 @@ def worker_smdist(args: argparse.Namespace) -> None:
         strategy = sd.DataParallelStrategy()
         with strategy.scope():
             model, optimizer = build_model(args.model, args.quick)
-            model.compile(optimizer=optimizer, loss=loss_fn(), jit_compile=False)
-        step_s = fit_seconds_per_step(model, dataset(args, args.batch * sd.size()), args, [], before=sd.barrier)
+            model.compile(optimizer=optimizer, loss=loss_fn(), jit_compile=args.jit_compile)
+        data = dataset(args, args.batch * sd.size())
+        extra["autotuned"] = finish_autotune(sd, lambda: model.fit(data, epochs=1, steps_per_epoch=10, verbose=0))
+        step_s = fit_seconds_per_step(model, data, args, [], before=sd.barrier)
     elif args.worker == "smdist_fit_optimizer":
         sd.init()
         import smdist_tf.keras as sdk
 
         model, optimizer = build_model(args.model, args.quick)
-        model.compile(optimizer=sdk.DistributedOptimizer(optimizer), loss=loss_fn(), jit_compile=False)
-        step_s = fit_seconds_per_step(model, dataset(args, args.batch), args,
-                                      [sdk.callbacks.BroadcastGlobalVariablesCallback(0)], before=sd.barrier)
+        model.compile(optimizer=sdk.DistributedOptimizer(optimizer), loss=loss_fn(), jit_compile=args.jit_compile)
+        data = dataset(args, args.batch)
+        extra["autotuned"] = finish_autotune(sd, lambda: model.fit(data, epochs=1, steps_per_epoch=10, verbose=0))
+        step_s = fit_seconds_per_step(model, data, args, [sdk.callbacks.BroadcastGlobalVariablesCallback(0)],
+                                      before=sd.barrier)
     else:  # smdist_tape
         sd.init()
         model, optimizer = build_model(args.model, args.quick)
         sd.broadcast_variables(model.variables, root_rank=0)
-        step = custom_step(model, optimizer, wrap_tape=sd.DistributedGradientTape)
-        step_s = time_loop(step, iter(dataset(args, args.batch)), args.steps, args.warmup, before=sd.barrier)
-        extra = gradient_busbw(sd, model.trainable_variables, sd.size())
+        step = custom_step(model, optimizer, wrap_tape=sd.DistributedGradientTape, jit_compile=args.jit_compile)
+        iterator = iter(dataset(args, args.batch))
+        extra["autotuned"] = finish_autotune(sd, lambda: [float(step(iterator)) for _ in range(10)])
+        step_s = time_loop(step, iterator, args.steps, args.warmup, before=sd.barrier)
+        extra.update(gradient_busbw(sd, model.trainable_variables, sd.size()))
     slowest = max(sd.allgather_object(step_s))
     if sd.rank() == 0:
         result({"step_s": slowest, "np": sd.size(), **extra})
@@ -384,10 +419,10 @@ def parse_results(out: str) -> list:
     return [json.loads(m.group(1)) for m in re.finditer(r"RESULT (\{.*\})", out)]
 
 
-def worker_argv(args: argparse.Namespace, system: str, model: str, extra: tuple = ()) -> list:
+def worker_argv(args: argparse.Namespace, system: str, model: str, extra: tuple = (), xla: bool = False) -> list:
     argv = [sys.executable, str(SCRIPT), "--worker", system, "--worker-model", model, "--batch", str(args.batch),
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--timeout", str(args.timeout), *extra]
-    return argv + (["--quick"] if args.quick else [])
+    return argv + (["--quick"] if args.quick else []) + (["--jit-compile"] if xla else [])
 
 
 def launcher(name: str) -> str:
@@ -395,16 +430,19 @@ def launcher(name: str) -> str:
     return str(local) if local.exists() else (shutil.which(name) or name)
 
 
-def run_system(args: argparse.Namespace, system: str, model: str, np_: int,
-               bucket_cap_mb: Optional[float] = None) -> tuple[Optional[dict], Optional[str]]:
-    """Runs one measurement job (smdist_tf paths with ``SMDIST_BUCKET_CAP_MB`` when given); returns (raw result, error text)."""
+def run_system(args: argparse.Namespace, system: str, model: str, np_: int, bucket_cap_mb: Optional[float] = None,
+               xla: bool = False, autotune: bool = False) -> tuple[Optional[dict], Optional[str]]:
+    """Runs one measurement job (smdist_tf paths with ``SMDIST_BUCKET_CAP_MB`` when given, the ceiling and
+    smdist_tf paths with XLA when ``xla``, smdist_tf paths autotuned when ``autotune``); returns
+    (raw result, error text)."""
     if system in ("ceiling", "ceiling_fit", "mwms"):
         sync_dir = tempfile.mkdtemp(prefix="smdist-scaling-")
         try:
             argvs, envs = [], []
             ports = free_ports(np_) if system == "mwms" else []
             for i in range(np_):
-                argvs.append(worker_argv(args, system, model, ("--index", str(i), "--count", str(np_), "--sync-dir", sync_dir)))
+                argvs.append(worker_argv(args, system, model, ("--index", str(i), "--count", str(np_), "--sync-dir", sync_dir),
+                                         xla))
                 extra = {}
                 if system == "mwms":
                     extra["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
@@ -431,8 +469,11 @@ def run_system(args: argparse.Namespace, system: str, model: str, np_: int,
             outputs, error = run_group([cmd + worker_argv(args, system, model)], [env], args.timeout)
     else:
         cmd = [launcher("smdistrun"), "-np", str(np_)]
-        env = job_env(None if bucket_cap_mb is None else {"SMDIST_BUCKET_CAP_MB": f"{bucket_cap_mb:g}"})
-        outputs, error = run_group([cmd + worker_argv(args, system, model)], [env], args.timeout)
+        extra = {} if bucket_cap_mb is None else {"SMDIST_BUCKET_CAP_MB": f"{bucket_cap_mb:g}"}
+        if autotune:
+            extra["SMDIST_AUTOTUNE"] = "1"
+        env = job_env(extra)
+        outputs, error = run_group([cmd + worker_argv(args, system, model, xla=xla)], [env], args.timeout)
     found = parse_results(outputs[0])
     if error is not None or not found:
         return None, f"{error or 'no result'}: {outputs[0][-3000:]}"
@@ -474,10 +515,22 @@ def summarize(records: list, args: argparse.Namespace, errors: list, skipped: di
                                  for k in ("step_ms", "compute_ms", "wire_ms", "overhead_ms")}
                     case[key]["grad_bytes"] = tape[0]["grad_bytes"]
                     case[key]["busbw_GBps"] = median([r.get("busbw_GBps") for r in tape])
+            rates = case["median_samples_per_sec"]
+            autotune_over_default = {label[:-len("[autotune]")]: round(rates[label] / rates[label[:-len("[autotune]")]], 3)
+                                     for label in labels if label.endswith("[autotune]")
+                                     and rates.get(label[:-len("[autotune]")]) and rates.get(label)}
+            if autotune_over_default:
+                case["autotune_over_default"] = autotune_over_default
+            xla_over_graph = {label[:-len("[xla]")]: round(rates[label] / rates[label[:-len("[xla]")]], 3)
+                              for label in labels if label.endswith("[xla]") and rates.get(label[:-len("[xla]")])
+                              and rates.get(label)}
+            if xla_over_graph:
+                case["xla_over_graph"] = xla_over_graph
             per_case[f"{model}@np{np_}"] = case
-            if np_ == 2:
+            if np_ == 2:  # the goal is for the paths as users run them by default: without XLA
                 ratios = [ratio for label, ratio in case["median_ratio_to_ceiling"].items()
-                          if label.split("[")[0] in SMDIST_PATHS]
+                          if label.split("[")[0] in SMDIST_PATHS and "[xla]" not in label
+                          and "[autotune]" not in label]
                 goal[model] = None if not ratios or None in ratios else all(r >= GOAL_RATIO for r in ratios)
     measured = [v for v in goal.values()]
     return {
@@ -488,7 +541,9 @@ def summarize(records: list, args: argparse.Namespace, errors: list, skipped: di
         f"every_smdist_path_ge_{GOAL_RATIO:.2f}_of_ceiling_at_np2_by_model": goal,
         "models": {m: model_spec(m, args.quick) for m in args.models},
         "batch_per_process": args.batch, "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
-        "np": args.np, "systems": args.systems, "bucket_caps_mb": args.bucket_caps, "quick": args.quick,
+        "np": args.np, "systems": args.systems, "bucket_caps_mb": args.bucket_caps, "xla": args.xla,
+        "autotune": args.autotune,
+        "quick": args.quick,
         "skipped": skipped, "errors": errors,
         "cpu_count": os.cpu_count(), "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "wall_s": round(wall_s, 1),
@@ -496,11 +551,13 @@ def summarize(records: list, args: argparse.Namespace, errors: list, skipped: di
 
 
 def measurement(args, system: str, model: str, np_: int, repeat: int, raw: dict, ceiling: Optional[dict],
-                bucket_cap_mb: Optional[float] = None) -> dict:
+                bucket_cap_mb: Optional[float] = None, xla: bool = False, autotune: bool = False) -> dict:
     step_s = raw["step_s"]
     sps = raw.get("samples_per_sec", args.batch * np_ / step_s)
-    label = system if bucket_cap_mb is None else f"{system}[{bucket_cap_mb:g}MiB]"
-    rec = {"system": system, "label": label, "bucket_cap_mb": bucket_cap_mb, "model": model, "np": np_,
+    label = (system + ("" if bucket_cap_mb is None else f"[{bucket_cap_mb:g}MiB]") + ("[xla]" if xla else "")
+             + ("[autotune]" if autotune else ""))
+    rec = {"system": system, "label": label, "bucket_cap_mb": bucket_cap_mb, "jit_compile": xla,
+           "autotuned": raw.get("autotuned"), "model": model, "np": np_,
            "repeat": repeat, "batch_per_process": args.batch,
            "samples_per_sec": round(sps, 2), "step_ms": round(step_s * 1e3, 3),
            "ratio_to_ceiling": round(sps / ceiling["samples_per_sec"], 3) if ceiling and system != "ceiling" else None}
@@ -534,6 +591,11 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--bucket-caps", type=float, nargs="+", default=None,
                         help="run each smdist_tf path once per SMDIST_BUCKET_CAP_MB value (MiB), interleaved")
+    parser.add_argument("--xla", action="store_true",
+                        help="run the ceiling and each smdist_tf path without and with jit_compile, interleaved")
+    parser.add_argument("--jit-compile", action="store_true", help=argparse.SUPPRESS)  # a worker's XLA run
+    parser.add_argument("--autotune", action="store_true",
+                        help="run each smdist_tf path with the default settings and with SMDIST_AUTOTUNE=1, interleaved")
     parser.add_argument("--timeout", type=float, default=420, help="seconds per job; its process groups are killed past it")
     parser.add_argument("--quick", action="store_true", help="tiny models, few steps, np 2: a smoke run")
     parser.add_argument("--worker", choices=ALL_SYSTEMS, help=argparse.SUPPRESS)
@@ -569,23 +631,32 @@ def main() -> int:
     for repeat in range(args.repeats):
         for model in args.models:
             for np_ in args.np:
-                ceiling = None
+                ceilings: dict = {}  # by XLA or not
                 for system in systems:  # the ceiling first, then the smdist_tf paths, then the peers
                     caps = args.bucket_caps if args.bucket_caps and system in SMDIST_PATHS else [None]
-                    for cap in caps:
-                        raw, error = run_system(args, system, model, np_, cap)
-                        if error is not None:
-                            rec = {"system": system, "bucket_cap_mb": cap, "model": model, "np": np_, "repeat": repeat,
-                                   "error": error}
-                            last = [line for line in error.splitlines() if line.strip()][-1]
-                            errors.append(f"{system} {model} np={np_} repeat={repeat}: {error.split(':')[0]}: "
-                                          f"{last[:200]}")
-                        else:
-                            if system == "ceiling":
-                                ceiling = raw
-                            rec = measurement(args, system, model, np_, repeat, raw, ceiling, cap)
-                            records.append(rec)
-                        emit(rec)
+                    # Odd repeats run the variants in the other order, so neither always goes first.
+                    order = (lambda pair: pair) if repeat % 2 == 0 else (lambda pair: pair[::-1])
+                    modes = order([False, True]) if args.xla and system in ("ceiling", *SMDIST_PATHS) else [False]
+                    tunes = order([False, True]) if args.autotune and system in SMDIST_PATHS else [False]
+                    for xla in modes:
+                        for cap in caps:
+                            for tune in tunes:
+                                raw, error = run_system(args, system, model, np_, cap, xla, tune)
+                                if error is not None:
+                                    rec = {"system": system, "bucket_cap_mb": cap, "jit_compile": xla,
+                                           "autotune": tune, "model": model, "np": np_, "repeat": repeat,
+                                           "error": error}
+                                    last = [line for line in error.splitlines() if line.strip()][-1]
+                                    errors.append(f"{system}{'[xla]' if xla else ''}{'[autotune]' if tune else ''} "
+                                                  f"{model} np={np_} repeat={repeat}: {error.split(':')[0]}: "
+                                                  f"{last[:200]}")
+                                else:
+                                    if system == "ceiling":
+                                        ceilings[xla] = raw
+                                    rec = measurement(args, system, model, np_, repeat, raw, ceilings.get(xla), cap,
+                                                      xla, tune)
+                                    records.append(rec)
+                                emit(rec)
     emit(summarize(records, args, errors, skipped, time.monotonic() - start))
     return 1 if errors else 0
 

@@ -5,6 +5,7 @@ trains on its shard of every global batch, gradients are averaged over all ranks
 one fused allreduce, and the logs Keras returns are global. Run with:
 
     smdistrun -np 2 python examples/keras_digits.py
+    smdistrun -np 2 python examples/keras_digits.py --jit-compile   # the train step compiled by XLA
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch, split over the ranks")
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--jit-compile", action="store_true", help="compile the steps with XLA (docs/xla.md)")
     args = parser.parse_args()
 
     strategy = sd.DataParallelStrategy()  # initialises smdist_tf if needed
@@ -64,6 +66,7 @@ def main() -> None:
             optimizer=keras.optimizers.Adam(args.lr),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
+            jit_compile=args.jit_compile,
         )
 
     if rank == 0:

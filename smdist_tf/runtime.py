@@ -166,7 +166,10 @@ def engine_config() -> dict:
     one host take: ``cross_memory_attach``, ``shared_memory`` or ``mpi``;
     ``cross_memory_min_bytes`` the size from which single-host allreduces take
     cross-memory attach, and ``cross_memory_min_measured`` whether ``init()``
-    measured it on this host (see ``SMDIST_CROSS_MEMORY_MIN_BYTES``).
+    measured it on this host (see ``SMDIST_CROSS_MEMORY_MIN_BYTES``). With
+    ``SMDIST_AUTOTUNE=1`` (``autotune``) the fusion threshold, cycle time and the
+    two intra-host minimums are the ones in force now, and ``autotune_finished``
+    says whether tuning has made its choice.
     """
     return dict(_rt.config())
 

@@ -214,3 +214,34 @@ def test_scaling_quick_run_measures_ceiling_and_every_smdist_path() -> None:
     # Peers appear as a measurement, an error line or a skip note; none of it fails the test.
     for peer in ["horovod_tape", "mwms"]:
         assert any(r.get("system") == peer for r in records[:-1]), peer
+
+
+def test_scaling_quick_run_with_xla_and_autotune_variants() -> None:
+    """``--xla --autotune``: each variant of the tape path gives a line, and the summary compares them.
+
+    Shape only: the autotuned job must have tuned (it reports the choice), the ratios are not judged.
+    """
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("OMPI_COMM_WORLD_SIZE", None)
+    argv = [sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--quick", "--timeout", "240", "--xla",
+            "--autotune", "--systems", "ceiling", "smdist_tape"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"scaling benchmark timed out\n{out[-5000:]}\n{err[-5000:]}")
+    records = [json.loads(line) for line in out.splitlines() if line.strip()]
+    summary = records[-1]
+    assert summary.get("summary") is True and not summary["errors"], out[-5000:]
+    measured = {r["label"]: r for r in records[:-1] if "samples_per_sec" in r}
+    assert set(measured) == {"ceiling", "ceiling[xla]", "smdist_tape", "smdist_tape[autotune]", "smdist_tape[xla]",
+                             "smdist_tape[xla][autotune]"}, (sorted(measured), err[-3000:])
+    assert measured["smdist_tape[autotune]"]["autotuned"]["fusion_threshold_bytes"] > 0
+    assert measured["smdist_tape"]["autotuned"] is None
+    case = summary["results"]["mlp@np2"]
+    assert set(case["xla_over_graph"]) == {"ceiling", "smdist_tape"}
+    assert set(case["autotune_over_default"]) == {"smdist_tape", "smdist_tape[xla]"}

@@ -23,6 +23,13 @@ def test_keras_digits_example(np):
     assert "weights identical on all ranks: True" in out
 
 
+def test_keras_digits_example_compiled_by_xla():
+    code, out = run_under_mpi(2, ["examples/keras_digits.py", "--epochs", "8", "--jit-compile"], timeout=400)
+    assert code == 0, out[-5000:]
+    assert float(re.search(r"test accuracy: ([\d.]+)", out).group(1)) >= 0.95, out[-3000:]
+    assert "weights identical on all ranks: True" in out
+
+
 def test_tf2_custom_loop_example_two_ranks(tmp_path):
     code, out = run_under_mpi(2, ["examples/tf2_custom_loop.py", "--epochs", "6", "--checkpoint-dir", str(tmp_path)], timeout=400)
     assert code == 0, out[-5000:]

@@ -170,6 +170,8 @@ logging:
   level: warning
 autotune:
   enabled: true
+  log_file: /tmp/tune.csv
+  gaussian_process_noise: 0.8
 """
 
 
@@ -182,7 +184,8 @@ def test_config_file_maps_to_settings(tmp_path):
     assert s.timeline_filename == "/tmp/tl.json" and s.timeline_mark_cycles is True
     assert s.stall_check_warning_time_seconds == 120 and s.stall_check_shutdown_time_seconds == 240
     assert s.log_level == "WARNING" and s.verbose is True
-    assert set(s.ignored_config) == {"params.hierarchical_allgather", "autotune.enabled"}
+    assert s.autotune is True and s.autotune_log_file == "/tmp/tune.csv"
+    assert set(s.ignored_config) == {"params.hierarchical_allgather", "autotune.gaussian_process_noise"}
 
 
 def test_config_flat_keys(tmp_path):
@@ -248,6 +251,16 @@ def test_tuning_flags_set_both_names():
     assert tuning_env(off) == {"SMDIST_HIERARCHICAL_ALLREDUCE": "0", "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",
                                "SMDIST_FUSION_THRESHOLD": "0", "HOROVOD_FUSION_THRESHOLD": "0"}
     assert tuning_env(parse_args(["-np", "2", "true"])) == {}
+    tuned = parse_args(["-np", "2", "--autotune", "--autotune-log-file", "tune.csv", "--autotune-warmup-samples", "0",
+                        "--autotune-steps-per-sample", "5", "true"])
+    assert tuning_env(tuned) == {
+        "SMDIST_AUTOTUNE": "1", "HOROVOD_AUTOTUNE": "1",
+        "SMDIST_AUTOTUNE_LOG": "tune.csv", "HOROVOD_AUTOTUNE_LOG": "tune.csv",
+        "SMDIST_AUTOTUNE_WARMUP_SAMPLES": "0", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0",
+        "SMDIST_AUTOTUNE_STEPS_PER_SAMPLE": "5", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "5",
+    }
+    with pytest.raises(UsageError, match="--autotune-steps-per-sample must be an integer of at least 1"):
+        parse_args(["-np", "2", "--autotune-steps-per-sample", "0", "true"])
 
 
 def test_other_flags_parse(tmp_path):

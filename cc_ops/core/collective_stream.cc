@@ -10,6 +10,7 @@
 #include "control/coordinator.h"
 #include "control/fusion_planner.h"
 #include "control/numbered_names.h"
+#include "control/parameter_tuner.h"
 #include "control/response_cache.h"
 #include "joined_participation.h"
 
@@ -36,6 +37,8 @@ struct CollectiveStream::CycleState {
   std::map<int64_t, CachedPending> cached_pending;  // by cache bit
   std::vector<Request> requeued;  // evicted while pending: renegotiate in full
   bool joined = false;  // this rank's join() is in flight
+  std::unique_ptr<ParameterTuner> tuner;  // SMDIST_AUTOTUNE, process set 0 only
+  int64_t cycle_bytes = 0;                // moved by this cycle's collectives, while tuning
 };
 
 namespace {
@@ -55,7 +58,21 @@ CollectiveStream::CollectiveStream(int32_t id, std::vector<int> members, std::un
       timeline_(timeline),
       exiting_(exiting),
       on_stop_(std::move(on_stop)),
-      cycle_state_(std::make_unique<CycleState>(*transports_, members_, config_, timeline_, id_)) {}
+      cycle_state_(std::make_unique<CycleState>(*transports_, members_, config_, timeline_, id_)),
+      cycle_us_(static_cast<int64_t>(config_.cycle_time_ms * 1000.0)) {
+  if (config_.autotune && id_ == 0) {
+    // The job's own settings are the starting point and the fallback.
+    tuned_ = {config_.fusion_threshold_bytes, config_.cycle_time_ms, config_.shm_min_bytes,
+              transports_->cross_memory_min_bytes()};
+    TunerSettings settings;
+    settings.warmup_samples = static_cast<int>(config_.autotune_warmup_samples);
+    settings.cycles_per_sample = static_cast<int>(config_.autotune_steps_per_sample);
+    settings.log_path = config_.autotune_log;
+    cycle_state_->tuner = std::make_unique<ParameterTuner>(tuned_, settings, transports_->has_shared_memory(),
+                                                           transports_->has_cross_memory());
+    tuning_ = true;
+  }
+}
 
 CollectiveStream::~CollectiveStream() {
   // A thread that never ended (a process leaving without shutting down) must
@@ -155,6 +172,14 @@ std::vector<std::string> CollectiveStream::cached_names() {
   return cycle_state_ ? cycle_state_->cache.NamesByRecency() : std::vector<std::string>();
 }
 
+bool CollectiveStream::tuned_parameters(TunableParameters* out, bool* finished) const {
+  std::lock_guard<std::mutex> lock(tuned_mu_);
+  if (!tuning_) return false;
+  *out = tuned_;
+  *finished = tuning_finished_;
+  return true;
+}
+
 std::vector<std::string> CollectiveStream::DescribeAllreducePlan(const std::vector<int64_t>& counts, DataType dtype,
                                                                  WireCompression compression, double prescale) {
   std::vector<TensorEntry> entries(counts.size());
@@ -196,11 +221,11 @@ void CollectiveStream::Stop(const std::string& reason, bool report) {
 }
 
 void CollectiveStream::BackgroundLoop() {
-  const int64_t cycle_us = static_cast<int64_t>(config_.cycle_time_ms * 1000.0);
-  const int64_t idle_cap_us = std::max(cycle_us, kIdleWaitCapUs);
-  int64_t idle_wait_us = cycle_us;
+  int64_t idle_wait_us = cycle_us_.load();
   uint64_t cycles_seen = cycles_run_.load();
   while (true) {
+    const int64_t cycle_us = cycle_us_.load();
+    const int64_t idle_cap_us = std::max(cycle_us, kIdleWaitCapUs);
     // Sleep only when idle: a rank with collectives in flight goes straight to
     // the next cycle, so a lone tensor never waits out a cycle for its peers.
     if (!queue_.HasInFlight()) {
@@ -348,6 +373,29 @@ Status CollectiveStream::NegotiateFull(CycleState* state, std::vector<Request> u
   return Status::OK();
 }
 
+Status CollectiveStream::SyncTuning(CycleState* state) {
+  const auto now = std::chrono::steady_clock::now();
+  const bool root = transports_->topology().rank == 0;
+  std::vector<uint8_t> bytes;
+  if (root) bytes = state->tuner->Advance(now).Serialize();
+  SMDIST_RETURN_IF_ERROR(transports_->control()->BroadcastFromRoot(&bytes));
+  TuningStep step;
+  if (!TuningStep::Parse(bytes, &step)) return Status::Unknown("malformed autotune step from rank 0");
+  state->tuner->Adopt(step, now);
+  const TunableParameters& p = step.parameters;
+  state->planner.set_threshold_bytes(p.fusion_threshold_bytes);
+  cycle_us_.store(static_cast<int64_t>(p.cycle_time_ms * 1000.0));
+  transports_->SetSizeThresholds(p.shm_min_bytes, p.cross_memory_min_bytes);
+  {
+    std::lock_guard<std::mutex> lock(tuned_mu_);
+    tuned_ = p;
+    tuned_.cross_memory_min_bytes = transports_->cross_memory_min_bytes();  // as clamped
+    tuning_finished_ = step.finished;
+  }
+  if (step.finished && root) LogResult(state->tuner->summary());
+  return Status::OK();
+}
+
 bool CollectiveStream::Execute(CycleState* state, const Response& response, bool remember) {
   const int me = transports_->topology().rank;
   const bool joined_here = std::find(response.joined.begin(), response.joined.end(), me) != response.joined.end();
@@ -385,6 +433,14 @@ bool CollectiveStream::Execute(CycleState* state, const Response& response, bool
   if (!s.ok()) {
     Stop("collective failed: " + s.message(), /*report=*/true);
     return false;
+  }
+  if (state->tuner && !state->tuner->finished() &&
+      (response.type == CollectiveType::kAllreduce || response.type == CollectiveType::kBroadcast ||
+       response.type == CollectiveType::kReducescatter)) {
+    // Shapes every rank shares (unlike allgather's), so every rank counts alike.
+    for (const TensorEntry& e : entries) {
+      state->cycle_bytes += NumElements(e.shape) * static_cast<int64_t>(DataTypeSize(e.dtype));
+    }
   }
   if (response.type == CollectiveType::kJoin) state->joined = false;
   // Join, and collectives some rank took part in without an entry, happen
@@ -498,6 +554,18 @@ bool CollectiveStream::RunCycle(CycleState* state) {
   for (const Response& response : full.responses) {
     if (LogEnabled(LogLevel::kDebug)) LogDebug("negotiated " + DescribeResponse(response));
     if (!Execute(state, response, /*remember=*/true)) return false;
+  }
+  if (responses > 0 && !full.shutdown && state->tuner && !state->tuner->finished()) {
+    // Every member executed the same responses, so every one ends a sample here alike.
+    const int64_t bytes = state->cycle_bytes;
+    state->cycle_bytes = 0;
+    if (state->tuner->CycleDone(bytes)) {
+      Status tuned = SyncTuning(state);
+      if (!tuned.ok()) {
+        Stop("autotune failed: " + tuned.message(), /*report=*/true);
+        return false;
+      }
+    }
   }
   if (full.shutdown) {
     if (full.shutdown_error.rfind("stall", 0) == 0) LogError(full.shutdown_error);

@@ -16,6 +16,7 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "common/tensor_entry.h"
+#include "control/parameter_tuner.h"
 #include "control/tensor_queue.h"
 #include "control/timeline.h"
 #include "transports/registry.h"
@@ -58,6 +59,9 @@ class CollectiveStream {
   bool HasInFlight() { return queue_.HasInFlight(); }
   // Tests: see Engine.
   std::vector<std::string> cached_names();
+  // With autotuning (set 0 only): the parameters in force now, and whether
+  // tuning has finished. False when this stream does not tune.
+  bool tuned_parameters(TunableParameters* out, bool* finished) const;
   std::vector<std::string> DescribeAllreducePlan(const std::vector<int64_t>& counts, DataType dtype,
                                                  WireCompression compression, double prescale);
 
@@ -74,6 +78,8 @@ class CollectiveStream {
   Status NegotiateCached(CycleState* state, std::vector<Request>* uncached, std::vector<Response>* ready,
                          bool* needs_full);
   Status NegotiateFull(CycleState* state, std::vector<Request> uncached, ResponseList* out);
+  // End of an autotuning sample: rank 0's next step, broadcast, taken up by every member.
+  Status SyncTuning(CycleState* state);
   // Takes this rank's entries for `response` and runs it; false on a fatal error.
   bool Execute(CycleState* state, const Response& response, bool remember);
   // Fails everything queued (with the reason of an earlier Abort, if any);
@@ -105,6 +111,11 @@ class CollectiveStream {
   bool cycles_over_ = false;  // cycle_mu_
   std::atomic<uint64_t> cycles_run_{0};  // by any thread: the stream's thread skips idle rounds callers ran
   std::atomic<bool> loop_done_{false};
+  std::atomic<int64_t> cycle_us_;  // the idle wait's start; autotuning moves it
+  mutable std::mutex tuned_mu_;    // the three below, read by other threads
+  bool tuning_ = false;
+  bool tuning_finished_ = false;
+  TunableParameters tuned_;
   // Longest wait of an idle stream thread between negotiation rounds.
   static constexpr int64_t kIdleWaitCapUs = 20 * 1000;
 };

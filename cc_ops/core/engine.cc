@@ -367,8 +367,25 @@ int64_t Engine::shared_output_bytes_in_use() const {
 }
 
 EngineConfig Engine::config() const {
-  std::lock_guard<std::mutex> lock(lifecycle_mu_);
-  return config_;
+  EngineConfig c;
+  {
+    std::lock_guard<std::mutex> lock(lifecycle_mu_);
+    c = config_;
+  }
+  std::shared_ptr<CollectiveStream> global;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    auto it = streams_.find(0);
+    if (it != streams_.end()) global = it->second;
+  }
+  TunableParameters tuned;
+  if (global && global->tuned_parameters(&tuned, &c.autotune_finished)) {  // what is in force now
+    c.fusion_threshold_bytes = tuned.fusion_threshold_bytes;
+    c.cycle_time_ms = tuned.cycle_time_ms;
+    c.shm_min_bytes = tuned.shm_min_bytes;
+    c.cross_memory_min_bytes = tuned.cross_memory_min_bytes;
+  }
+  return c;
 }
 
 Status Engine::PointToPointReadyLocked() const {

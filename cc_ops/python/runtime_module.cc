@@ -101,6 +101,8 @@ PYBIND11_MODULE(_runtime, m) {
     d["log_level"] = smdist::LogLevelName(c.log_level);
     d["gpu_operations"] = c.gpu_operations_nccl ? "NCCL" : "MPI";
     d["gpu_hierarchical_allreduce"] = c.gpu_hierarchical_allreduce;
+    d["autotune"] = c.autotune;
+    d["autotune_finished"] = c.autotune_finished;
     // What the transport actually chose (the settings above are only wishes).
     d["intra_host_allreduce"] = smdist::Engine::Instance().intra_host_allreduce();
     return d;

@@ -46,6 +46,10 @@ class LaunchSettings:
     timeline_mark_cycles: bool | None = None
     stall_check_warning_time_seconds: float | None = None
     stall_check_shutdown_time_seconds: float | None = None
+    autotune: bool | None = None
+    autotune_log_file: str | None = None
+    autotune_warmup_samples: int | None = None
+    autotune_steps_per_sample: int | None = None
     check_build: bool = False
     show_version: bool = False
     config_file: str | None = None
@@ -97,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline-mark-cycles", action="store_true", default=None, help="mark engine cycles in the timeline")
     p.add_argument("--stall-check-warning-time-seconds", type=float, help="warn when a collective waits this long for some ranks")
     p.add_argument("--stall-check-shutdown-time-seconds", type=float, help="fail the job when a collective waits this long")
+    p.add_argument("--autotune", action="store_true", default=None,
+                   help="tune the fusion threshold, cycle time and intra-host thresholds during the first steps")
+    p.add_argument("--autotune-log-file", help="rank 0 writes a CSV line per autotuning sample here")
+    p.add_argument("--autotune-warmup-samples", type=int, help="autotuning samples discarded first (default 3)")
+    p.add_argument("--autotune-steps-per-sample", type=int,
+                   help="working engine cycles per warm-up sample (default 10)")
     p.add_argument("-cb", "--check-build", action="store_true", default=None, help="print what smdist_tf was built with and exit")
     p.add_argument("--config-file", help="YAML file with defaults for these flags (the command line wins)")
     p.add_argument("--mpi", action="store_true", default=None, help="use MPI to start the ranks (the only controller; accepted for compatibility)")
@@ -138,6 +148,12 @@ _SECTION_KEYS = {
         "shutdown_time_seconds": "stall_check_shutdown_time_seconds",
     },
     "logging": {"level": "log_level"},
+    "autotune": {
+        "enabled": "autotune",
+        "log_file": "autotune_log_file",
+        "warmup_samples": "autotune_warmup_samples",
+        "steps_per_sample": "autotune_steps_per_sample",
+    },
 }
 _FLAT_KEYS = {
     "np", "num_proc", "hosts", "hostfile", "ssh_port", "ssh_identity_file", "start_timeout",
@@ -146,6 +162,7 @@ _FLAT_KEYS = {
     "timeline_filename", "timeline_mark_cycles", "stall_check_warning_time_seconds",
     "stall_check_shutdown_time_seconds", "max_restarts", "reset_limit", "elastic_dir", "host_discovery_script",
     "min_np", "min_num_proc", "max_np", "max_num_proc", "slots_per_host", "slots", "elastic_timeout",
+    "autotune", "autotune_log_file", "autotune_warmup_samples", "autotune_steps_per_sample",
 }
 _ALIASES = {"num_proc": "np", "network_interface": "network_interfaces", "reset_limit": "max_restarts",
             "min_num_proc": "min_np", "max_num_proc": "max_np", "slots": "slots_per_host"}
@@ -203,6 +220,7 @@ _FIELD_TYPES: dict[str, type] = {
     "verbose": bool, "hierarchical_allreduce": bool, "timeline_mark_cycles": bool,
     "hosts": str, "hostfile": str, "ssh_identity_file": str, "network_interfaces": str,
     "output_filename": str, "log_level": str, "mpi_args": str, "timeline_filename": str,
+    "autotune": bool, "autotune_log_file": str, "autotune_warmup_samples": int, "autotune_steps_per_sample": int,
 }
 
 
@@ -289,7 +307,7 @@ def validate(s: LaunchSettings) -> None:
     if s.ssh_identity_file is not None:
         s.ssh_identity_file = checks.check_identity_file(s.ssh_identity_file)
     for flag, path in (("--hostfile", s.hostfile), ("--output-filename", s.output_filename),
-                       ("--timeline-filename", s.timeline_filename)):
+                       ("--timeline-filename", s.timeline_filename), ("--autotune-log-file", s.autotune_log_file)):
         if path is not None:
             checks.check_path(path, flag)
     if not isinstance(s.network_interfaces, list) or not all(isinstance(n, str) for n in s.network_interfaces):
@@ -303,6 +321,10 @@ def validate(s: LaunchSettings) -> None:
         value = getattr(s, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise UsageError(f"--{name.replace('_', '-')} must be a finite number, not negative, got {value:g}")
+    if s.autotune_warmup_samples is not None:
+        _check_int(s.autotune_warmup_samples, "--autotune-warmup-samples", 0)
+    if s.autotune_steps_per_sample is not None:
+        _check_int(s.autotune_steps_per_sample, "--autotune-steps-per-sample", 1)
     validate_restarts(s)
 
 

@@ -41,4 +41,12 @@ def tuning_env(s: LaunchSettings) -> dict[str, str]:
         both("SMDIST_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _number(s.stall_check_shutdown_time_seconds))
     if s.log_level is not None:
         both("SMDIST_LOG_LEVEL", "HOROVOD_LOG_LEVEL", s.log_level)
+    if s.autotune is not None:
+        both("SMDIST_AUTOTUNE", "HOROVOD_AUTOTUNE", "1" if s.autotune else "0")
+    if s.autotune_log_file is not None:
+        both("SMDIST_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG", s.autotune_log_file)
+    if s.autotune_warmup_samples is not None:
+        both("SMDIST_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", str(s.autotune_warmup_samples))
+    if s.autotune_steps_per_sample is not None:
+        both("SMDIST_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", str(s.autotune_steps_per_sample))
     return env

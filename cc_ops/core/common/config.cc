@@ -117,6 +117,13 @@ Status EngineConfig::FromEnvironment(EngineConfig* out) {
   SMDIST_RETURN_IF_ERROR(ReadLogLevel("SMDIST_LOG_LEVEL", "HOROVOD_LOG_LEVEL", &c.log_level));
   SMDIST_RETURN_IF_ERROR(ReadGpuOperations(&c.gpu_operations_nccl));
   SMDIST_RETURN_IF_ERROR(ReadFlag("SMDIST_GPU_HIERARCHICAL_ALLREDUCE", nullptr, &c.gpu_hierarchical_allreduce));
+  SMDIST_RETURN_IF_ERROR(ReadFlag("SMDIST_AUTOTUNE", "HOROVOD_AUTOTUNE", &c.autotune));
+  SMDIST_RETURN_IF_ERROR(ReadCount("SMDIST_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", 0,
+                                   &c.autotune_warmup_samples));
+  SMDIST_RETURN_IF_ERROR(ReadCount("SMDIST_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", 1,
+                                   &c.autotune_steps_per_sample));
+  const EnvValue tune_log = FirstSet("SMDIST_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG");
+  if (tune_log.text != nullptr) c.autotune_log = tune_log.text;
   const EnvValue host = FirstSet("SMDIST_HOSTNAME", nullptr);
   if (host.text != nullptr) {
     c.hostname = host.text;

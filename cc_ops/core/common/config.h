@@ -50,6 +50,15 @@ struct EngineConfig {
   // NCCL and across hosts on host memory (SMDIST_GPU_HIERARCHICAL_ALLREDUCE=1);
   // off, NCCL spans the hosts itself.
   bool gpu_hierarchical_allreduce = false;  // less severe messages are dropped
+  // Autotuning of the fusion threshold, cycle time and intra-host size
+  // thresholds during the first working cycles (control/parameter_tuner.h).
+  bool autotune = false;
+  int64_t autotune_warmup_samples = 3;
+  int64_t autotune_steps_per_sample = 10;  // working cycles per sample
+  std::string autotune_log;                // a CSV line per sample, on rank 0
+  // Not read from the environment: Engine::config() says whether tuning has
+  // chosen, and then gives the chosen values above.
+  bool autotune_finished = false;
 
   // Reads SMDIST_* (or HOROVOD_*) variables; a malformed value is an
   // InvalidArgument error naming the variable.

@@ -64,4 +64,14 @@ void LogInfo(const std::string& message) { Log(LogLevel::kInfo, message); }
 void LogWarning(const std::string& message) { Log(LogLevel::kWarning, message); }
 void LogError(const std::string& message) { Log(LogLevel::kError, message); }
 
+void LogResult(const std::string& message) {
+  const int rank = g_rank.load();
+  if (rank >= 0) {
+    std::fprintf(stderr, "[smdist_tf rank %d] %s\n", rank, message.c_str());
+  } else {
+    std::fprintf(stderr, "[smdist_tf] %s\n", message.c_str());
+  }
+  std::fflush(stderr);
+}
+
 }  // namespace smdist

@@ -29,5 +29,7 @@ void LogDebug(const std::string& message);
 void LogInfo(const std::string& message);
 void LogWarning(const std::string& message);
 void LogError(const std::string& message);
+// Whatever the level: a result the user asked for (autotune's choice).
+void LogResult(const std::string& message);
 
 }  // namespace smdist

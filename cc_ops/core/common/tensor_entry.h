@@ -39,6 +39,9 @@ struct TensorEntry {
   double postscale = 1.0;
   WireCompression compression = WireCompression::kNone;  // allreduce only
   std::vector<int64_t> splits;  // alltoall: rows sent to each rank
+  // allgather, alltoall: the output's shape was fixed before negotiation (XLA
+  // compiles it), so every rank must pass the same first dimension.
+  bool same_first_dim = false;
   // A problem found locally (bad splits, bad root): reported through
   // negotiation so every rank fails together instead of this one alone.
   std::string local_error;

@@ -50,6 +50,8 @@ std::string CheckAgreement(const std::string& name, const std::vector<Request>& 
   }
   const Request& first = submitted[0];
   const CollectiveType type = first.type;
+  const bool same_first_dim =
+      std::any_of(submitted.begin(), submitted.end(), [](const Request& r) { return r.same_first_dim; });
   for (size_t i = 1; i < submitted.size(); ++i) {
     const Request& r = submitted[i];
     auto mismatch = [&](const char* what, const std::string& a, const std::string& b) {
@@ -76,6 +78,11 @@ std::string CheckAgreement(const std::string& name, const std::vector<Request>& 
     if (ragged_first_dim ? TrailingDims(r.shape) != TrailingDims(first.shape)
                          : r.shape != first.shape) {
       return mismatch(ragged_first_dim ? "shapes beyond the first dimension" : "shapes",
+                      ShapeToString(first.shape), ShapeToString(r.shape));
+    }
+    if (ragged_first_dim && same_first_dim && r.shape != first.shape) {
+      return mismatch("first dimensions (an XLA-compiled call fixes its output shape, so every rank must pass "
+                      "the same shape)",
                       ShapeToString(first.shape), ShapeToString(r.shape));
     }
     if (type == CollectiveType::kAllreduce || type == CollectiveType::kReducescatter) {

@@ -34,6 +34,8 @@ class FusionPlanner {
   // Fused responses and fusion buffers hold at most `threshold_bytes`
   // (<= 0: nothing is fused).
   explicit FusionPlanner(int64_t threshold_bytes) : threshold_bytes_(threshold_bytes) {}
+  // Autotuning changes it between cycles, on every rank at the same cycle.
+  void set_threshold_bytes(int64_t threshold_bytes) { threshold_bytes_ = threshold_bytes; }
 
   // Merges allreduce responses with the same fusion key, in order, into
   // responses of at most the threshold (a larger tensor travels alone).

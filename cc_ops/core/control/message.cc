@@ -18,6 +18,7 @@ void PutRequest(const Request& r, WireWriter* w) {
   w->Put<double>(r.postscale);
   w->Put<int32_t>(static_cast<int32_t>(r.compression));
   w->PutInts(r.splits);
+  w->Put<uint8_t>(r.same_first_dim ? 1 : 0);
   w->PutString(r.error);
   w->Put<uint8_t>(r.cached ? 1 : 0);
 }
@@ -36,6 +37,7 @@ Request GetRequest(WireReader* rd) {
   r.postscale = rd->Get<double>();
   r.compression = static_cast<WireCompression>(rd->Get<int32_t>());
   r.splits = rd->GetInts();
+  r.same_first_dim = rd->Get<uint8_t>() != 0;
   r.error = rd->GetString();
   r.cached = rd->Get<uint8_t>() != 0;
   return r;

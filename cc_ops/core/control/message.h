@@ -25,6 +25,7 @@ struct Request {
   double postscale = 1.0;
   WireCompression compression = WireCompression::kNone;  // allreduce only
   std::vector<int64_t> splits;  // alltoall only; empty means equal splits
+  bool same_first_dim = false;  // allgather, alltoall: see TensorEntry
   std::string error;            // a local validation error, reported to all ranks
   // Sent in full only because a rank has joined: the sender still has it
   // cached with these parameters, so the coordinator must not evict it.

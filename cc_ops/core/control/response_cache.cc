@@ -5,7 +5,8 @@ namespace smdist {
 bool SameParameters(const Request& a, const Request& b) {
   return a.name == b.name && a.type == b.type && a.dtype == b.dtype && a.shape == b.shape && a.device == b.device &&
          a.root_rank == b.root_rank && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
-         a.postscale == b.postscale && a.compression == b.compression && a.splits == b.splits && a.error.empty() && b.error.empty();
+         a.postscale == b.postscale && a.compression == b.compression && a.splits == b.splits &&
+         a.same_first_dim == b.same_first_dim && a.error.empty() && b.error.empty();
 }
 
 ResponseCache::ResponseCache(int64_t capacity) : capacity_(capacity), slots_(capacity) {

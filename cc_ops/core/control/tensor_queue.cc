@@ -36,6 +36,7 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, int rank, bool wake) {
       r.postscale = e.postscale;
       r.compression = e.compression;
       r.splits = e.splits;
+      r.same_first_dim = e.same_first_dim;
       r.error = e.local_error;
       fresh_.push_back(r);
       std::string name = e.name;

@@ -71,6 +71,8 @@ Status Transports::Assemble(const EngineConfig& config, std::shared_ptr<MpiCommu
 
   // Preference: read tensors in place, else stage them through shared memory,
   // else one MPI call.
+  t->shm_ = shm.get();
+  t->cma_ = cma.get();
   if (cma) {
     cma->set_min_bytes(t->cross_memory_min_bytes_);
     t->output_arena_ = cma->output_arena();
@@ -145,6 +147,14 @@ Status Transports::CreateForMembers(const EngineConfig& config, const std::vecto
   SMDIST_RETURN_IF_ERROR(Assemble(set_config, comms, /*arena_bytes=*/0, t.get()));
   *out = std::move(t);
   return Status::OK();
+}
+
+void Transports::SetSizeThresholds(int64_t shm_min_bytes, int64_t cross_memory_min_bytes) {
+  if (shm_ != nullptr) shm_->set_min_bytes(shm_min_bytes);
+  if (cma_ != nullptr) {
+    cross_memory_min_bytes_ = shm_ != nullptr ? std::max(shm_min_bytes, cross_memory_min_bytes) : cross_memory_min_bytes;
+    cma_->set_min_bytes(cross_memory_min_bytes_);
+  }
 }
 
 Transports::~Transports() {

@@ -20,6 +20,8 @@
 namespace smdist {
 
 class MpiCommunicators;
+class SharedMemoryAllreduce;
+class CrossMemoryAllreduce;
 
 // The process-wide runtime under the transports: started once (later calls
 // only report), finished at process exit, so the engine can stop and start
@@ -73,6 +75,13 @@ class Transports {
   // directly; whether that size was measured here (config unset) or given.
   int64_t cross_memory_min_bytes() const { return cross_memory_min_bytes_; }
   bool cross_memory_min_measured() const { return cross_memory_min_measured_; }
+  // Which intra-host paths there are, whose size thresholds autotuning may move.
+  bool has_shared_memory() const { return shm_ != nullptr; }
+  bool has_cross_memory() const { return cma_ != nullptr; }
+  // New size thresholds for the intra-host paths (the cross-memory one never
+  // below the shared-memory one, as at init). Between cycles of the stream
+  // that uses these transports, on every member at the same cycle.
+  void SetSizeThresholds(int64_t shm_min_bytes, int64_t cross_memory_min_bytes);
 
  private:
   static Status Assemble(const EngineConfig& config, std::shared_ptr<MpiCommunicators> comms, int64_t arena_bytes,
@@ -86,6 +95,9 @@ class Transports {
   std::string intra_host_allreduce_;
   int64_t cross_memory_min_bytes_ = 0;
   bool cross_memory_min_measured_ = false;
+  // The intra-host transports among data_, or null.
+  SharedMemoryAllreduce* shm_ = nullptr;
+  CrossMemoryAllreduce* cma_ = nullptr;
 };
 
 }  // namespace smdist

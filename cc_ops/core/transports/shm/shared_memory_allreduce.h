@@ -37,6 +37,7 @@ class SharedMemoryAllreduce : public DataTransport {
   SharedMemoryAllreduce& operator=(const SharedMemoryAllreduce&) = delete;
 
   std::string name() const override { return "shared_memory"; }
+  void set_min_bytes(int64_t min_bytes) { min_bytes_ = min_bytes; }
   // Host allreduces of at least min_bytes: it converts and scales as it
   // stages, so compressed and prescaled ones too. Reduce-scatters of at least
   // min_bytes when the whole group is this host (no cross communicator).
@@ -72,7 +73,7 @@ class SharedMemoryAllreduce : public DataTransport {
   std::vector<Header*> headers_;   // every local rank's counters, mapped here
   std::vector<uint8_t*> slots_;    // every local rank's two round buffers
   uint64_t rounds_done_ = 0;       // same on every local rank: Allreduce is collective
-  int64_t min_bytes_ = 0;
+  int64_t min_bytes_ = 0;  // set_min_bytes: autotuning
 };
 
 }  // namespace smdist

@@ -1,0 +1,2 @@
+// Declarations only: see ../README.md.
+#pragma once
