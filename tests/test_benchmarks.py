@@ -177,24 +177,29 @@ def test_soak_short_run_samples_and_summarises() -> None:
     assert {"rss_mib_growth", "rss_mib_growth_second_half", "fds_growth", "shm_files_growth"} <= set(summary)
 
 
+def run_scaling_quick(extra: list, timeout: float) -> tuple[list, str, str]:
+    """Runs ``benchmarks/scaling.py --quick`` with ``extra`` arguments; returns its JSON lines, stdout and stderr."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("OMPI_COMM_WORLD_SIZE", None)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--quick", "--timeout", "240",
+                             *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"scaling benchmark timed out\n{out[-5000:]}\n{err[-5000:]}")
+    return [json.loads(line) for line in out.splitlines() if line.strip()], out, err  # every stdout line is JSON
+
+
 def test_scaling_quick_run_measures_ceiling_and_every_smdist_path() -> None:
     """benchmarks/scaling.py --quick: the ceiling and the three smdist_tf paths each give a line, and a summary.
 
     Shape only, never performance: the ratios are reported, not judged.
     """
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("OMPI_COMM_WORLD_SIZE", None)
-    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--quick", "--timeout", "240"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"scaling benchmark timed out\n{out[-5000:]}\n{err[-5000:]}")
-    records = [json.loads(line) for line in out.splitlines() if line.strip()]  # every stdout line is JSON
+    records, out, err = run_scaling_quick([], timeout=300)
     summary = records[-1]
     assert summary.get("summary") is True, out[-5000:]
     measured = {r["system"]: r for r in records[:-1] if "samples_per_sec" in r}
@@ -221,20 +226,7 @@ def test_scaling_quick_run_with_xla_and_autotune_variants() -> None:
 
     Shape only: the autotuned job must have tuned (it reports the choice), the ratios are not judged.
     """
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("OMPI_COMM_WORLD_SIZE", None)
-    argv = [sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--quick", "--timeout", "240", "--xla",
-            "--autotune", "--systems", "ceiling", "smdist_tape"]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=400)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"scaling benchmark timed out\n{out[-5000:]}\n{err[-5000:]}")
-    records = [json.loads(line) for line in out.splitlines() if line.strip()]
+    records, out, err = run_scaling_quick(["--xla", "--autotune", "--systems", "ceiling", "smdist_tape"], timeout=400)
     summary = records[-1]
     assert summary.get("summary") is True and not summary["errors"], out[-5000:]
     measured = {r["label"]: r for r in records[:-1] if "samples_per_sec" in r}

@@ -194,6 +194,9 @@ class MalformedSettingTest(tf.test.TestCase):
         ("SMDIST_TIMELINE_MARK_CYCLES", "sometimes"),
         ("SMDIST_GPU_OPERATIONS", "GLOO"),
         ("HOROVOD_GPU_OPERATIONS", "nccl2"),
+        ("SMDIST_AUTOTUNE", "maybe"),
+        ("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "-1"),
+        ("SMDIST_AUTOTUNE_STEPS_PER_SAMPLE", "0"),
     ]
 
     def test_each_malformed_value_fails_init(self):
