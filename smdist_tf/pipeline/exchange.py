@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import smdist_tf as sd
 from smdist_tf import process_sets
+from smdist_tf.buckets import gradient_buckets
 
 
 def to_bytes(value: tf.Tensor) -> tf.Tensor:
@@ -72,10 +73,17 @@ class GroupPlan:
         out = list(values)
         for members, indices in sorted(self.groups.items()):
             tensors = [tf.convert_to_tensor(values[i]) for i in indices]
-            floating = [t.dtype.is_floating for t in tensors]
-            summed = sd.grouped_allreduce(tensors, op=sd.Sum, name=f"{name}.{_label(members)}",
-                                          process_set=self.sets[members])
-            for i, t, is_float in zip(indices, summed, floating):
+            # Inside a tf.function (a pipeline step), buckets in backpropagation's order: the
+            # last layers' sums start while the last backward still runs for the first layers.
+            buckets = gradient_buckets(tensors, list(range(len(tensors))))
+            for k, bucket in enumerate(buckets):
+                label = _label(members) if len(buckets) == 1 else f"{_label(members)}.{k}"
+                summed = sd.grouped_allreduce([tensors[j] for j in bucket], op=sd.Sum, name=f"{name}.{label}",
+                                              process_set=self.sets[members])
+                for j, t in zip(bucket, summed):
+                    out[indices[j]] = t
+            for i in indices:
+                t, is_float = out[i], out[i].dtype.is_floating
                 if postscale != 1.0:
                     # Integers: scale exactly, then truncate.
                     t = t * tf.cast(postscale, t.dtype) if is_float else \

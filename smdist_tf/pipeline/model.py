@@ -153,13 +153,14 @@ class PipelineModel(keras.Model):
 
         stage_ids = {id(w) for c in calls[a:b] for w in c.layer.trainable_variables}
         stage_vars = [v for v in model.trainable_variables if id(v) in stage_ids]
-        self._runner = StageRunner(graph, calls[a:b], in_ids, out_ids, s, self.topology, stage_vars, recompute)
+        position = {id(v): k for k, v in enumerate(stage_vars)}
+        trainable = model.trainable_variables
+        self._runner = StageRunner(graph, calls[a:b], in_ids, out_ids, s, self.topology, stage_vars,
+                                   GradientSync(self._plan(trainable, [position.get(id(v)) for v in trainable]),
+                                                self.topology.dp_size), recompute)
         # A tied variable's regularizer counts once, in the first stage using it.
         self._runner.regularized = [v for v in stage_vars if getattr(v, "regularizer", None) is not None
                                     and min(self._variable_stages[id(v)]) == s]
-        position = {id(v): k for k, v in enumerate(stage_vars)}
-        trainable = model.trainable_variables
-        self._sync = GradientSync(self._plan(trainable, [position.get(id(v)) for v in trainable]), self.topology.dp_size)
         self._verify_batch = True
         self._quiet_progress = progress_on_rank_zero_only and sd.rank() != 0
         self.built = True
@@ -262,7 +263,7 @@ class PipelineModel(keras.Model):
         return self.unpartitioned(inputs, training=training)
 
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs) -> None:
-        """As ``keras.Model.compile``; the pipeline always runs its schedule eagerly around compiled stages.
+        """As ``keras.Model.compile``; Keras' step runs eagerly around the pipeline's compiled step.
 
         Raises:
             ValueError: a loss whose reduction a microbatched step cannot reproduce
@@ -460,46 +461,22 @@ class PipelineModel(keras.Model):
         microbatches = self._microbatches(batch)
         m = len(microbatches)
 
-        def split(t):
-            return [t[begin:end] for begin, end in microbatches]
-
-        x_mbs = [[t[begin:end] for t in x] for begin, end in microbatches]
-        y_mbs, w_mbs = [None] * m, [None] * m
-        if y is not None:
-            ys = [split(tf.convert_to_tensor(t)) for t in _as_list(y)]
-            y_mbs = [[ys[k][i] for k in range(len(ys))] for i in range(m)]
-            y_mbs = [v[0] if not isinstance(y, (list, tuple)) else v for v in y_mbs]
-            if sample_weight is not None:
-                w_mbs = split(sample_weight)
+        ys = None if y is None else [tf.convert_to_tensor(t) for t in _as_list(y)]
         loss_factors = self._loss_factors(sample_weight, batch, microbatches)
         # Losses the layers add (activity regularizers) are means over their microbatch.
         added_loss_factors = self._sample_shares(batch, microbatches)
-        runner.begin_step()
         if training:
             actions = schedule_lib.build(self.schedule, runner.stage, self.num_stages, m)
         else:
             actions = [schedule_lib.Action("F", i) for i in range(m)]
-        began = tf.timestamp()
-        for action in actions:
-            i = action.microbatch
-            if action.kind == "F":
-                runner.forward(i, x_mbs[i] if runner.is_first else None, y_mbs[i] if runner.is_last else None,
-                               w_mbs[i] if runner.is_last else None, loss_factors[i], added_loss_factors[i], training)
-            else:
-                runner.backward(i, scale)
-        runner.stats.seconds = float(tf.timestamp() - began)
-        regularization, reg_grads = runner.regularization(scale, training)
-        grads = None
-        if training:
-            grads = runner.var_grads if runner.var_grads is not None else [tf.zeros_like(v) for v in runner.variables]
-            if reg_grads:
-                grads = [g + r for g, r in zip(grads, reg_grads)]
-            grads = self._sync(grads)
-        local_loss = tf.add_n([runner.objectives[i] for i in range(m)] + [regularization])
-        loss, y_pred = self._share_outputs(batch, microbatches, local_loss)
-        return loss, y_pred, grads
+        result = runner.run(actions, microbatches, x if runner.is_first else None, ys if runner.is_last else None,
+                            isinstance(y, (list, tuple)), sample_weight if runner.is_last else None, loss_factors,
+                            added_loss_factors, training, scale)
+        loss, y_pred = self._share_outputs(batch, microbatches, result.objective, result.outputs)
+        return loss, y_pred, result.gradients
 
-    def _share_outputs(self, batch: int, microbatches: list[tuple[int, int]], local_loss: tf.Tensor):
+    def _share_outputs(self, batch: int, microbatches: list[tuple[int, int]], local_loss: tf.Tensor,
+                       stage_outputs: list):
         """Global loss and the whole batch's predictions on every rank (one fused world allreduce).
 
         Every rank adds its share of the objective (the loss on the last stage, added and
@@ -516,7 +493,7 @@ class PipelineModel(keras.Model):
             dtype = tf.as_dtype(spec.dtype)
             if runner.is_last and microbatches:
                 start, stop = microbatches[0][0], microbatches[-1][1]
-                local = tf.concat([runner.outputs[i][k] for i in range(len(microbatches))], 0)
+                local = tf.concat([outputs[k] for outputs in stage_outputs], 0)
                 full = tf.concat([tf.zeros([start] + tail, dtype), tf.cast(local, dtype),
                                   tf.zeros([batch - stop] + tail, dtype)], 0)
             else:

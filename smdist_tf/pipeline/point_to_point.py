@@ -9,7 +9,7 @@ import tensorflow as tf
 from smdist_tf._native import op_module
 
 
-def send(tensors: Sequence[tf.Tensor], peer: int, tag: int = 0) -> None:
+def send(tensors: Sequence[tf.Tensor], peer: int, tag: int = 0) -> Optional[tf.Operation]:
     """Sends ``tensors`` to rank ``peer`` as one message.
 
     Returns once the message is queued: it never waits for the receiver, so two
@@ -21,11 +21,14 @@ def send(tensors: Sequence[tf.Tensor], peer: int, tag: int = 0) -> None:
         tensors: the tensors of the message (at least one).
         peer: the receiving rank.
         tag: non-negative message tag; the receiver names the same tag.
+
+    Returns:
+        Inside a ``tf.function``, the send operation (for control dependencies); eagerly, ``None``.
     """
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         raise ValueError("send needs at least one tensor")
-    op_module.smdist_send(tensors, peer=int(peer), tag=int(tag))
+    return op_module.smdist_send(tensors, peer=int(peer), tag=int(tag))
 
 
 def recv(dtypes: Sequence[tf.DType], peer: int, tag: int = 0,

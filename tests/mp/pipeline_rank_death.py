@@ -1,8 +1,8 @@
 """What the ranks run in tests/test_pipeline_multiprocess.py's rank-death tests (not a pytest module).
 
 ``python tests/mp/pipeline_rank_death.py MODE`` trains a 2-stage PipelineModel (with 4
-ranks: 2 stages x 2 replicas); on its third step, rank 1 (stage 1) ends in the middle
-of its schedule, after it received a forward and before it sent that gradient back:
+ranks: 2 stages x 2 replicas); on its third step, rank 1 (stage 1) ends instead of
+running its schedule, while stage 0 sends it forwards and then waits for their gradients:
 
 * ``exit``: ``os._exit(3)``, a hard death (no Python cleanup, no MPI finalize);
 * ``raise``: an exception escapes ``fit`` and the process exits through Python's
@@ -41,18 +41,18 @@ def main(mode: str) -> None:
     x = rng.normal(size=(64, 8)).astype(np.float32)
     y = rng.integers(0, 3, 64)
 
-    runner, backward, calls = pm._runner, pm._runner.backward, [0]
+    runner, run, calls = pm._runner, pm._runner.run, [0]
 
-    def dying_backward(microbatch, loss_scale):
+    def dying_run(*args, **kwargs):
         calls[0] += 1
-        if rank == 1 and calls[0] == 5:  # step 3, first backward: stage 0 waits for this gradient
+        if rank == 1 and calls[0] == 3:  # step 3: stage 0 waits for gradients only this rank sends
             print(f"rank {rank}: dying ({mode})", flush=True)
             if mode == "exit":
                 os._exit(3)
             raise RuntimeError("rank 1 fails inside its pipeline step")
-        return backward(microbatch, loss_scale)
+        return run(*args, **kwargs)
 
-    runner.backward = dying_backward
+    runner.run = dying_run
     try:
         pm.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
     except Exception as e:  # noqa: BLE001 - reported for the test to read
@@ -60,7 +60,9 @@ def main(mode: str) -> None:
             raise
         # Exit 0 after reporting: a non-zero exit would make mpirun stop the other
         # survivors before they report; the job's code is the failing rank's.
-        print(f"rank {rank}: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
+        # One line: an error inside the compiled step puts TensorFlow's "Graph execution error:" first.
+        text = " | ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        print(f"rank {rank}: {type(e).__name__}: {text[:3000]}", flush=True)
         return
     print(f"rank {rank}: finished", flush=True)
 

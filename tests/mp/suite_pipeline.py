@@ -599,6 +599,38 @@ class PipelineUnevenBatchTest(tf.test.TestCase):
                                 rtol=1e-5, atol=1e-6, msg=where)
 
 
+class PipelineCompiledStepTest(tf.test.TestCase):
+    """A step is one tf.function: traced once per batch shape, its gradient sync bucketed inside it."""
+
+    def test_one_trace_per_batch_shape_and_mode(self):
+        # 45 = 5 x 8 + 5: training traces batches of 8 and of 5, evaluation the same two again.
+        x, y = data(45, seed=30)
+        pm = PipelineModel(mlp, num_stages=CONFIGS[-1][0], num_microbatches=3, verbose=False)
+        pm.compile(optimizer="sgd", loss=LOSS)
+        pm.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+        self.assertEqual(pm._runner._step_fn.experimental_get_tracing_count(), 2)
+        pm.pipeline_gradients(x[:8], y[:8])
+        self.assertEqual(pm._runner._step_fn.experimental_get_tracing_count(), 2)
+        pm.evaluate(x, y, batch_size=8, verbose=0)
+        pm.evaluate(x, y, batch_size=8, verbose=0)
+        self.assertEqual(pm._runner._step_fn.experimental_get_tracing_count(), 4)
+
+    def test_gradients_match_with_one_bucket_per_variable(self):
+        # A tiny bucket cap gives every replica-sum its own request inside the step.
+        x, y = data(16, seed=31)
+        want_loss, want_grads = reference(mlp, x, y)
+        os.environ["SMDIST_BUCKET_CAP_MB"] = "0.000001"
+        try:
+            for stages, replicas in CONFIGS:
+                pm = PipelineModel(mlp, num_stages=stages, num_microbatches=2, verbose=False)
+                pm.compile(optimizer="sgd", loss=LOSS)
+                loss, pairs = pm.pipeline_gradients(x, y)
+                assert_gradients_match(self, pm, loss, pairs, want_loss, want_grads,
+                                       f"{stages} stages x {replicas}, a bucket per variable")
+        finally:
+            del os.environ["SMDIST_BUCKET_CAP_MB"]
+
+
 class PipelineErrorTest(tf.test.TestCase):
     """Each mistake raises the same clear error on every rank, and the job goes on."""
 
