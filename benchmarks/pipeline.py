@@ -170,8 +170,8 @@ def main() -> None:
         print(json.dumps({
             "schedule": p.schedule, "stages": stages, "data_parallel": sd.size() // stages, "microbatches": p.m,
             "batch_size": args.batch_size, "threads": args.threads,
-            "step_seconds": round(step, 4),
-            "single_process_seconds": round(single_seconds, 4),
+            "step_seconds": round(step, 6),
+            "single_process_seconds": round(single_seconds, 6),
             "over_single_process": ratio,
             "bubble_measured": [round(float(b), 3) for b in per_stage[:, 0]],
             "bubble_measured_mean": round(float(per_stage[:, 0].mean()), 3),

@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/allreduce.py: a --quick run on 2 ranks emits well-formed JSON for every system.
+"""Smoke tests of the benchmarks: short runs emit well-formed JSON (benchmarks/allreduce.py: for every system).
 
 It checks the output's shape only, never performance: the machine may be loaded.
 """
@@ -159,16 +159,21 @@ def test_copy_alias_emits_json_for_every_copy() -> None:
     assert all(r["seconds"] > 0 for r in records)
 
 
-def test_soak_short_run_samples_and_summarises() -> None:
-    """benchmarks/soak.py for a few seconds on 2 ranks: checks its results as it goes, prints samples and a summary."""
+def run_on_two_ranks(script: str, args: list, timeout: float) -> list:
+    """Runs ``benchmarks/<script>`` with smdistrun on 2 ranks; returns rank 0's JSON lines."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TF_CPP_MIN_LOG_LEVEL="2")
     smdistrun = str(Path(sys.executable).parent / "smdistrun")
-    result = subprocess.run([smdistrun, "-np", "2", sys.executable, str(ROOT / "benchmarks" / "soak.py"),
-                             "--minutes", "0.15", "--sample-seconds", "3", "--warmup-minutes", "0.05"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    result = subprocess.run([smdistrun, "-np", "2", sys.executable, str(ROOT / "benchmarks" / script), *args],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-5000:]
-    records = [json.loads(line.split(":", 1)[1]) for line in result.stdout.splitlines() if line.startswith("[0]<stdout>:{")]
+    return [json.loads(line.split(":", 1)[1]) for line in result.stdout.splitlines() if line.startswith("[0]<stdout>:{")]
+
+
+def test_soak_short_run_samples_and_summarises() -> None:
+    """benchmarks/soak.py for a few seconds on 2 ranks: checks its results as it goes, prints samples and a summary."""
+    records = run_on_two_ranks("soak.py", ["--minutes", "0.15", "--sample-seconds", "3", "--warmup-minutes", "0.05"],
+                               timeout=180)
     samples = [r for r in records if r["kind"] == "sample"]
     (summary,) = [r for r in records if r["kind"] == "summary"]
     assert len(samples) >= 3 and samples[-1]["calls"] > 0
@@ -237,3 +242,28 @@ def test_scaling_quick_run_with_xla_and_autotune_variants() -> None:
     case = summary["results"]["mlp@np2"]
     assert set(case["xla_over_graph"]) == {"ceiling", "smdist_tape"}
     assert set(case["autotune_over_default"]) == {"smdist_tape", "smdist_tape[xla]"}
+
+
+def test_pipeline_benchmark_compares_every_configuration_with_one_process() -> None:
+    records = run_on_two_ranks("pipeline.py", ["--microbatches", "1", "2", "--schedules", "1f1b", "--width", "16",
+                                               "--depth", "2", "--batch-size", "32", "--steps", "2", "--repeats", "2"],
+                               timeout=180)
+    rows = [r for r in records if "schedule" in r]
+    assert [r["microbatches"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["single_process_seconds"] > 0 and r["step_seconds"] > 0
+        assert r["over_single_process"] == pytest.approx(r["step_seconds"] / r["single_process_seconds"], rel=0.01)
+        assert r["peak_microbatches"] == [min(r["microbatches"], 2), 1]
+    (summary,) = [r for r in records if "summary" in r]
+    assert set(summary["over_single_process"]) == {"1", "2"} and summary["most_over_fewest_microbatches"] > 0
+
+
+def test_step_overhead_benchmark_reports_every_system_and_mode() -> None:
+    records = run_on_two_ranks("step_overhead.py", ["--tensors", "2", "6", "--steps", "2", "--warmup", "1",
+                                                    "--repeats", "1"], timeout=180)
+    cases = {(r["system"], r["mode"], r["tensors"]) for r in records if "system" in r}
+    systems = ("plain", "tape", "optimizer", "strategy", "allreduce")
+    assert cases == {(s, m, n) for s in systems for m in ("eager", "function") for n in (2, 6)}
+    summaries = [r for r in records if "summary" in r]
+    assert {(r["summary"], r["mode"]) for r in summaries} == {(s, m) for s in systems[1:] for m in ("eager", "function")}
+    assert all(r["ranks"] == 2 and isinstance(r["extra_us_per_tensor"], float) for r in summaries)

@@ -180,6 +180,38 @@ class SizeOneTest(tf.test.TestCase):
         grad = sd.DistributedGradientTape(tape).gradient(loss, [v])
         self.assertAllClose(grad, [6.0])
 
+    def test_strategy_takes_the_input_as_it_is(self):
+        # One replica on the CPU: no distributed iterator (a sixth of a small step), same training.
+        import keras
+
+        strategy = sd.DataParallelStrategy()
+        x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+        y = (x[:, 0] > 0).astype(np.int64)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+        self.assertIs(strategy.experimental_distribute_dataset(dataset), dataset)
+        contexts = []
+
+        def dataset_fn(context):
+            contexts.append((context.num_input_pipelines, context.input_pipeline_id, context.num_replicas_in_sync))
+            return dataset
+
+        self.assertIs(strategy.distribute_datasets_from_function(dataset_fn), dataset)
+        self.assertEqual(contexts, [(1, 0, 1)])
+
+        def train(scope):
+            with scope:
+                keras.utils.set_random_seed(5)
+                model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+                model.compile(optimizer=keras.optimizers.SGD(0.1),
+                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return model.fit(dataset, epochs=3, verbose=0).history["loss"], model.get_weights()
+
+        losses, weights = train(strategy.scope())
+        plain_losses, plain_weights = train(tf.distribute.get_strategy().scope())
+        self.assertAllClose(losses, plain_losses, rtol=1e-6)
+        for w, p in zip(weights, plain_weights):
+            self.assertAllClose(w, p, rtol=1e-6, atol=1e-7)
+
     def test_compression_round_trip(self):
         x = tf.constant(np.linspace(-1, 1, 9), tf.float32)
         wire, ctx = sd.Compression.fp16.compress(x)
