@@ -8,11 +8,14 @@ job; cases alternate within each repeat so ratios compare the same minutes:
 * ``nccl_raw``: ``ncclAllReduce`` through CuPy's NCCL binding on one stream.
 * ``smdist_nccl``: the same tensors through the engine (negotiation, then NCCL on the stream).
 * ``smdist_staged``: ``SMDIST_GPU_OPERATIONS=MPI``: device -> host, the CPU allreduce, host -> device.
+* ``smdist_xla``: the same allreduce compiled by JAX's XLA into our custom call, whose CUDA handler
+  (cc_ops/xla) queues it on XLA's stream (tests/gpu/jax_engine.py); skipped where JAX has no GPU.
 
 On a machine with one GPU every NCCL case runs at one rank (NCCL refuses two ranks on one
 GPU), where an allreduce moves no bytes between ranks: busbw is 0 and the figure that
 compares is time (``algbw_GBps``: bytes / time). The staged case also runs at 2 ranks sharing
-the GPU. JSON lines; the last has ``"summary": true`` with smdist_nccl / nccl_raw per size.
+the GPU. JSON lines; the last has ``"summary": true`` with smdist_nccl / nccl_raw and
+smdist_xla / nccl_raw per size. Every rank runs rank 0's iteration count.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -50,6 +55,18 @@ def worker(args: argparse.Namespace) -> None:
     else:
         rt.init()
         dc = DeviceCollectives(rt, 0, stream)
+    if args.worker == "smdist_xla":
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        import jax
+
+        from tests.gpu import jax_engine
+        jax_engine.register_handlers()
+        try:
+            jax_gpu = jax.devices("gpu")[0]
+        except RuntimeError as err:
+            print(json.dumps({"system": args.worker, "skipped": f"JAX has no GPU: {err}"}), flush=True)
+            rt.shutdown()
+            return
     for size in args.sizes:
         count = size // 4
         with stream:
@@ -58,20 +75,45 @@ def worker(args: argparse.Namespace) -> None:
         if args.worker == "nccl_raw":
             def once() -> None:
                 comm.allReduce(x.data.ptr, y.data.ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+        elif args.worker == "smdist_xla":
+            xla_x = jax.device_put(np.ones(count, np.float32), jax_gpu)
+            call = jax_engine.jitted(jax_engine.ALLREDUCE, [((count,), np.float32)], f"bench.xla.{size}")
+            xla_out = [xla_x]
+
+            def once() -> None:
+                xla_out[0] = call(xla_x)[0]  # dispatched; XLA's stream orders the calls
+
+            def synchronize() -> None:
+                xla_out[0].block_until_ready()
         else:
             def once() -> None:
                 dc.allreduce([x], [y], "float32", [f"bench.{size}"], SUM)
+        if args.worker != "smdist_xla":
+            synchronize = stream.synchronize
         for _ in range(3):
             once()
-        stream.synchronize()
-        iters, start = 0, time.perf_counter()
-        while iters < 3 or (time.perf_counter() - start < args.seconds and iters < 2000):
+        synchronize()
+        # Calibrate: ten calls say how many fill --seconds. Rank 0 decides and every rank follows,
+        # so all run the same count (a loop ended by each rank's own clock can hang the job).
+        start = time.perf_counter()
+        for _ in range(10):
             once()
-            iters += 1
-            if iters % 50 == 0:
-                stream.synchronize()
-        stream.synchronize()
+        synchronize()
+        per_call = (time.perf_counter() - start) / 10
+        iters = int(min(2000, max(3, args.seconds / max(per_call, 1e-9))))
+        if args.worker != "nccl_raw":
+            agreed = np.array([iters], np.int64)
+            rt._broadcast_buffer(agreed, 0, f"bench.iterations.{size}", 0)
+            iters = int(agreed[0])
+        start = time.perf_counter()
+        for i in range(iters):
+            once()
+            if (i + 1) % 50 == 0:
+                synchronize()
+        synchronize()
         secs = (time.perf_counter() - start) / iters
+        if args.worker == "smdist_xla":
+            y = cupy.asarray(np.asarray(xla_out[0]))
         if float(y[:1].get()[0]) != float(n):
             raise SystemExit(f"{args.worker}: wrong result {y[:1].get()[0]} (want {n})")
         if rank == 0:
@@ -85,7 +127,7 @@ def worker(args: argparse.Namespace) -> None:
 def drive(args: argparse.Namespace) -> int:
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cases = [("nccl_raw", 1, {}), ("smdist_nccl", 1, {}), ("smdist_staged", 1, {"SMDIST_GPU_OPERATIONS": "MPI"}),
-             ("smdist_staged", 2, {"SMDIST_GPU_OPERATIONS": "MPI"})]
+             ("smdist_staged", 2, {"SMDIST_GPU_OPERATIONS": "MPI"}), ("smdist_xla", 1, {})]
     sizes = ",".join(str(s) for s in args.sizes)
     records, failed = [], 0
     for rep in range(args.repeat):
@@ -99,16 +141,20 @@ def drive(args: argparse.Namespace) -> int:
             records += got or []
 
     def median(system: str, np_: int, size: int) -> float | None:
-        times = [r["seconds"] for r in records if r["system"] == system and r["np"] == np_ and r["size_bytes"] == size]
+        times = [r["seconds"] for r in records
+                 if r.get("system") == system and r.get("np") == np_ and r.get("size_bytes") == size]
         return statistics.median(times) if times else None
 
     summary = {"summary": True, "device": "gpu"}
     for size in args.sizes:
         raw, ours, staged = median("nccl_raw", 1, size), median("smdist_nccl", 1, size), median("smdist_staged", 1, size)
+        xla = median("smdist_xla", 1, size)
         summary[str(size)] = {
             "smdist_nccl_over_raw": raw / ours if raw and ours else None,
             "smdist_staged_over_raw": raw / staged if raw and staged else None,
+            "smdist_xla_over_raw": raw / xla if raw and xla else None,
             "raw_us": raw and raw * 1e6, "smdist_nccl_us": ours and ours * 1e6, "smdist_staged_us": staged and staged * 1e6,
+            "smdist_xla_us": xla and xla * 1e6,
         }
     print(json.dumps(summary), flush=True)
     return 1 if failed else 0
@@ -122,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=0.3, help="timed seconds per size and case")
     parser.add_argument("--runtime-dir", help="where _runtime*.so is (default: smdist_tf/)")
-    parser.add_argument("--worker", choices=["nccl_raw", "smdist_nccl", "smdist_staged"])
+    parser.add_argument("--worker", choices=["nccl_raw", "smdist_nccl", "smdist_staged", "smdist_xla"])
     return worker_or_driver(parser.parse_args(argv), worker, drive)
 
 

@@ -2,7 +2,8 @@
 
 Collectives on NumPy buffers through the runtime module, at 2 and 4 ranks, with
 TensorFlow made impossible to import; and a build configured with
-``-DSMDIST_WITH_TENSORFLOW=OFF`` (engine and bindings only) doing the same.
+``-DSMDIST_WITH_TENSORFLOW=OFF`` (engine and bindings only) doing the same, and its XLA
+handler library (built against jaxlib's FFI headers) running under JAX's XLA.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu.test_xla_collectives import HAS_JAX, run_ranks
 from tests.mpi_harness import ROOT, mpi_env, run_under_mpi
 
 SCRIPT = "tests/mp/engine_buffers.py"
@@ -47,3 +49,7 @@ def test_a_build_without_tensorflow_runs_the_engine():
         assert code == 0, out[-8000:]
         for rank in range(2):
             assert f"ENGINE-BUFFERS OK {rank}" in out, out[-8000:]
+        if HAS_JAX:  # the framework-free handlers, from jaxlib's headers, run by JAX's XLA
+            assert "XLA handlers (FFI headers in" in output and "jaxlib" in output, output[-3000:]
+            assert "libsmdist_xla.so" in libraries, libraries
+            run_ranks(2, "cpu", {"SMDIST_RUNTIME_DIR": out_dir})

@@ -4,6 +4,7 @@ cc_ops/core is the framework-free engine, by folder: common/ (types, kernels,
 settings), control/ (negotiation), transports/ (the interfaces, and one folder
 per concrete transport, known only to transports/registry.cc), and the engine
 itself (engine, executor) at the top. TensorFlow kernels reach the engine only.
+cc_ops/xla holds the XLA FFI handlers: XLA's FFI headers and the engine, no framework.
 """
 
 from __future__ import annotations
@@ -79,6 +80,17 @@ class LayersTest(tf.test.TestCase):
             for name in includes(path):
                 self.assertFalse(name.startswith("transports/") and name != "transports/topology.h", f"{path}: {name}")
                 self.assertNotIn(name, ("mpi.h", "nccl.h"), f"{path}: {name}")
+
+    def test_the_xla_handlers_include_only_the_ffi_api_the_engine_and_their_own_headers(self):
+        xla = ROOT / "cc_ops" / "xla"
+        own = {p.name for p in sources(xla)}
+        self.assertTrue(own, "cc_ops/xla holds no sources")
+        for path in sources(xla):
+            for name in project_includes(path):
+                allowed = name.startswith(("xla/ffi/api/", "common/")) or name in own or name == "engine.h"
+                self.assertTrue(allowed, f"{path.relative_to(ROOT)} includes {name}")
+            for name in includes(path):
+                self.assertFalse(name.startswith(("tensorflow/", "jax", "pybind11")), f"{path}: {name}")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@ class WheelTest(tf.test.TestCase):
         self.assertRegex(wheel.name, rf"^smdist_tf-0\.1\.0\+tf{re.escape(tf.__version__)}-cp311-cp311-linux_x86_64\.whl$")
         with zipfile.ZipFile(wheel) as z:
             names = set(z.namelist())
-            for lib in ("libsmdist_core.so", "smdist_tf_ops.so", "build_info.json", "testing/pytest_plugin.py"):
+            for lib in ("libsmdist_core.so", "libsmdist_xla.so", "smdist_tf_ops.so", "build_info.json",
+                        "testing/pytest_plugin.py"):
                 self.assertIn(f"smdist_tf/{lib}", names)
             self.assertTrue(any(re.fullmatch(r"smdist_tf/_runtime\..*\.so", n) for n in names), names)
             meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()

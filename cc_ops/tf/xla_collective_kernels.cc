@@ -1,16 +1,19 @@
 // XLA lowerings of the collectives, so they run inside jit_compile functions.
-// Each op becomes one custom call (xla_collective_call.h) that hands its
-// buffers to the engine when XLA runs it (xla_collective_handler.cc), so
+// Each op becomes one custom call (cc_ops/xla/collective_call.h) that hands its
+// buffers to the engine when XLA runs it (cc_ops/xla/collective_handler.cc), so
 // negotiation, fusion, the response cache and the timeline apply as for the
 // TensorFlow kernels.
 //
 // XLA fixes every shape at compile time. Allgather and alltoall outputs
 // depend on the other ranks' inputs, so compiled they take equal first
 // dimensions on every rank (checked in negotiation, an error on all ranks),
-// and alltoall only equal splits. CPU tensors only: no GPU handler is registered.
+// and alltoall only equal splits. Registered for XLA_CPU_JIT, and for
+// XLA_GPU_JIT in the GPU variant (GOOGLE_CUDA), where compressed allreduces cast
+// on the device around the call so fp16/bf16 go to NCCL.
 #include <string>
 #include <vector>
 
+#include "collective_call.h"
 #include "control/coordinator.h"
 #include "engine.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
@@ -18,7 +21,6 @@
 #include "tf_engine_bridge.h"
 #include "xla/hlo/builder/xla_builder.h"
 #include "xla/shape_util.h"
-#include "xla_collective_call.h"
 
 namespace smdist {
 namespace {
@@ -128,13 +130,21 @@ class SameShapeLowering : public CollectiveLowering {
     }
     xla_call::CallParameters parameters = Parameters(type(), name);
     AddParameters(&parameters);
+    std::vector<xla::PrimitiveType> given(n);
+    for (int i = 0; i < n; ++i) given[i] = shapes[i].element_type();
+    ToWireTypes(ctx, &operands, &shapes, &parameters);
     std::vector<xla::XlaOp> outs = Emit(ctx, operands, shapes, parameters, /*in_place=*/true);
-    for (int i = 0; i < n; ++i) ctx->SetOutput(i, outs[i]);
+    for (int i = 0; i < n; ++i) {
+      ctx->SetOutput(i, shapes[i].element_type() == given[i] ? outs[i] : xla::ConvertElementType(outs[i], given[i]));
+    }
   }
 
  protected:
   virtual CollectiveType type() const = 0;
   virtual void AddParameters(xla_call::CallParameters* p) const = 0;
+  // May cast operands (and their shapes) to the type they travel in; results are cast back.
+  virtual void ToWireTypes(XlaOpKernelContext* ctx, std::vector<xla::XlaOp>* operands, std::vector<xla::Shape>* shapes,
+                           xla_call::CallParameters* p) const {}
 };
 
 class AllreduceLowering : public SameShapeLowering {
@@ -145,6 +155,7 @@ class AllreduceLowering : public SameShapeLowering {
     compression_ = compression == "fp16"   ? WireCompression::kFloat16
                    : compression == "bf16" ? WireCompression::kBFloat16
                                            : WireCompression::kNone;
+    on_gpu_ = c->device_type() == tensorflow::DeviceType(tensorflow::DEVICE_GPU_XLA_JIT);
   }
 
  protected:
@@ -153,10 +164,26 @@ class AllreduceLowering : public SameShapeLowering {
     reduction_.Fill(p);
     p->compression = static_cast<int64_t>(compression_);
   }
+  // On the GPU, compression casts on the device, as Horovod casts in the graph:
+  // NCCL then reduces fp16/bf16 where the data is, instead of the engine
+  // narrowing on the host-staged path.
+  void ToWireTypes(XlaOpKernelContext* ctx, std::vector<xla::XlaOp>* operands, std::vector<xla::Shape>* shapes,
+                   xla_call::CallParameters* p) const override {
+    if (compression_ == WireCompression::kNone || !on_gpu_) return;
+    const xla::PrimitiveType wire = compression_ == WireCompression::kFloat16 ? xla::F16 : xla::BF16;
+    for (size_t i = 0; i < operands->size(); ++i) {
+      const xla::PrimitiveType given = (*shapes)[i].element_type();
+      if (given != xla::F32 && given != xla::F64) continue;  // compression narrows wider floats only
+      (*operands)[i] = xla::ConvertElementType((*operands)[i], wire);
+      (*shapes)[i].set_element_type(wire);
+    }
+    p->compression = static_cast<int64_t>(WireCompression::kNone);
+  }
 
  private:
   Reduction reduction_;
   WireCompression compression_ = WireCompression::kNone;
+  bool on_gpu_ = false;
 };
 
 class BroadcastLowering : public SameShapeLowering {
@@ -269,9 +296,14 @@ class ReducescatterLowering : public FirstDimLowering {
 
 // The name (and alltoall's splits) must be known when XLA compiles; the name
 // is a string, which XLA kernels refuse unless allowed.
+#if GOOGLE_CUDA
+const absl::string_view kLoweredDevices[] = {tensorflow::DEVICE_CPU_XLA_JIT, tensorflow::DEVICE_GPU_XLA_JIT};
+#else
+const absl::string_view kLoweredDevices[] = {tensorflow::DEVICE_CPU_XLA_JIT};
+#endif
 #define SMDIST_XLA_COLLECTIVE(op)                     \
   Name(op)                                            \
-      .Device(tensorflow::DEVICE_CPU_XLA_JIT)         \
+      .Device(kLoweredDevices)                        \
       .AllowStringType()                              \
       .CompileTimeConstantInput("tensor_name")
 

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from smdist_tf import _compat
 from smdist_tf.collectives import allgather, allreduce, broadcast_variables, join
+from smdist_tf.keras.xla_fallback import keep_jit_compile_where_lowered
 from smdist_tf.keras_api import keras_api
 from smdist_tf.reduce_ops import Max
 from smdist_tf.runtime import is_initialized, size
@@ -131,6 +132,8 @@ def _ran_out_message(epoch: int, table: np.ndarray) -> str:
 
 
 def _prepare_fit(model: Any, callbacks: Any) -> tuple[Any, Optional[_EpochSync]]:
+    # fit's one start hook also keeps XLA off a GPU the collectives are not lowered for.
+    keep_jit_compile_where_lowered(model)
     if not _steps_are_collective(model):
         return callbacks, None
     sync = _EpochSync()

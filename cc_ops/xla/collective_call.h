@@ -1,7 +1,7 @@
 // The XLA custom call our collectives lower to: its target name and the
-// attributes that carry the op's parameters from the lowering
-// (xla_collective_kernels.cc) to the handler that runs it in the engine
-// (xla_collective_handler.cc).
+// attributes that carry the op's parameters from a lowering (TensorFlow's:
+// cc_ops/tf/xla_collective_kernels.cc; JAX's: an ffi_call with the same
+// attributes) to the handler that runs it in the engine (collective_handler.cc).
 #pragma once
 
 #include <cctype>
@@ -13,7 +13,7 @@
 namespace smdist {
 namespace xla_call {
 
-// Registered for XLA's "Host" platform: CPU tensors only.
+// One target for every platform: a handler each for XLA's "Host" and "CUDA" platforms.
 constexpr char kTarget[] = "smdist_collective";
 
 // Attribute names (see CallParameters).

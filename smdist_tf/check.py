@@ -1,0 +1,172 @@
+"""``python -m smdist_tf.check``: what this smdist_tf install has, and whether its GPU paths work.
+
+The report says what the installed ops were built with (CPU/GPU kernels, XLA lowerings per
+device, the XLA handler library), what merely loads on this machine (the CUDA runtime,
+NCCL), what TensorFlow sees, and MPI. ``smdistrun --check-build`` prints the same report.
+
+With ``--gpu`` it runs one real allreduce per path on each GPU TensorFlow sees, under
+TensorFlow, each in a process of its own (the engine picks its GPU path when it starts):
+
+* ``nccl``: the TF GPU kernel, NCCL on TensorFlow's stream;
+* ``host-staged``: the same with ``SMDIST_GPU_OPERATIONS=MPI`` (device -> host -> device);
+* ``xla``: ``tf.function(jit_compile=True)``, the XLA GPU lowering and the CUDA handler;
+
+checks each result and reports the path the engine's timeline recorded. Exit status 0 when
+every check passed (1 otherwise, 2 when there is no GPU or no GPU kernel to check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+PATHS = {"nccl": {}, "host-staged": {"SMDIST_GPU_OPERATIONS": "MPI"}, "xla": {}}
+
+
+def _mark(flag: bool) -> str:
+    return "[X]" if flag else "[ ]"
+
+
+def report() -> str:
+    """The report text. Importing smdist_tf here checks the native build and the TensorFlow version."""
+    import tensorflow as tf
+
+    import smdist_tf as sd
+    from smdist_tf.run.errors import UsageError
+    from smdist_tf.run.mpi_command import detect_flavour, find_mpirun
+
+    info = sd.get_build_info()
+    gpu_kernels = bool(info.get("gpu_kernels"))
+    package = Path(sd.__file__).resolve().parent
+    try:
+        mpirun = find_mpirun(os.environ)
+        flavour = detect_flavour(mpirun)
+        mpirun_line = f"{mpirun} ({flavour.name} {flavour.version})"
+    except UsageError as e:
+        mpirun_line = f"not usable: {e}"
+    nccl = sd.nccl_built()
+    gpus = tf.config.list_physical_devices("GPU")
+    lines = [
+        f"smdist_tf {sd.__version__} ({package})",
+        "",
+        "Framework:",
+        f"    {_mark(True)} TensorFlow {tf.__version__} (built against {info.get('tensorflow_version')}; "
+        f"CUDA build of TensorFlow: {bool(tf.sysconfig.get_build_info().get('is_cuda_build'))})",
+        f"    GPUs TensorFlow sees: {len(gpus)}",
+        "",
+        "Controllers:",
+        f"    {_mark(sd.mpi_built())} MPI ({info.get('mpi_flavour')}, mpicxx {info.get('mpicxx')})",
+        f"    {_mark(sd.gloo_built())} Gloo",
+        "",
+        "Op kernels (what the installed ops were built with):",
+        f"    {_mark(True)} CPU",
+        f"    {_mark(gpu_kernels)} GPU" + ("" if gpu_kernels else " (CPU variant: GPU tensors are copied to the host)"),
+        "",
+        "XLA lowerings (jit_compile):",
+        f"    {_mark(True)} XLA_CPU_JIT",
+        f"    {_mark(gpu_kernels)} XLA_GPU_JIT",
+        f"    {_mark((package / 'libsmdist_xla.so').is_file())} XLA handler library (libsmdist_xla.so)",
+        "",
+        "Loads on this machine (used only by GPU kernels):",
+        f"    {_mark(sd.cuda_built())} CUDA runtime",
+        f"    {_mark(bool(nccl))} NCCL" + (f" (version code {nccl})" if nccl else ""),
+        "",
+        "Tensor operations:",
+        f"    {_mark(gpu_kernels and bool(nccl))} NCCL (GPU tensors on the GPU)",
+        f"    {_mark(sd.mpi_built())} MPI (CPU collectives; GPU tensors staged through the host)",
+        "",
+        f"mpirun: {mpirun_line}",
+    ]
+    return "\n".join(lines)
+
+
+def _run_one(path: str, gpu: int, timeline: str) -> dict:
+    """In this process: one allreduce on GPU `gpu` along `path`; returns what happened."""
+    import tensorflow as tf
+
+    import smdist_tf as sd
+
+    sd.init()
+    sd.start_timeline(timeline)
+    values = [1.0, 2.0, 3.0, 4.0]
+    with tf.device(f"/GPU:{gpu}"):
+        x = tf.constant(values)
+        if path == "xla":
+            result = tf.function(lambda t: sd.allreduce(t, op=sd.Sum, name="check.xla"), jit_compile=True)(x)
+        else:
+            result = sd.allreduce(x, op=sd.Sum, name=f"check.{path}")
+    got = result.numpy().tolist()
+    device = result.device
+    sd.stop_timeline()
+    text = Path(timeline).read_text() if Path(timeline).exists() else ""
+    recorded = sorted(set(re.findall(r'"path":"([^"]+)"', text)))
+    staged = "MEMCPY_IN_HOST_BUFFER" in text
+    return {"path": path, "gpu": gpu, "ok": got == [v * sd.size() for v in values], "result": got,
+            "device": device, "timeline_paths": recorded, "staged_through_host": staged}
+
+
+def run_gpu_checks(python: str = sys.executable, timeout: float = 300) -> tuple[int, list[dict]]:
+    """Runs every path on every visible GPU, each in a fresh process; returns (exit code, results)."""
+    import tensorflow as tf
+
+    from smdist_tf._native import build_info
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return 2, [{"error": "TensorFlow sees no GPU here: nothing to check (install `tensorflow[and-cuda]`, "
+                             "and check `nvidia-smi`)"}]
+    if not build_info.get("gpu_kernels"):
+        return 2, [{"error": "these smdist_tf ops have CPU kernels only: build the GPU variant "
+                             "(`bash scripts/build_gpu.sh`, see docs/gpus.md) to check the GPU paths"}]
+    results, status = [], 0
+    with tempfile.TemporaryDirectory(prefix="smdist_check_") as tmp:
+        for gpu in range(len(gpus)):
+            for path, extra in PATHS.items():
+                timeline = str(Path(tmp) / f"{path}.{gpu}.json")
+                env = dict(os.environ, **extra)
+                done = subprocess.run([python, "-m", "smdist_tf.check", "--run-path", path, "--gpu-index", str(gpu),
+                                       "--timeline", timeline], env=env, capture_output=True, text=True,
+                                      timeout=timeout)
+                lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+                result = json.loads(lines[-1]) if done.returncode == 0 and lines else {
+                    "path": path, "gpu": gpu, "ok": False, "error": (done.stderr or done.stdout)[-2000:]}
+                status |= 0 if result.get("ok") else 1
+                results.append(result)
+    return status, results
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m smdist_tf.check", description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", action="store_true", help="run one real allreduce per GPU path on each GPU")
+    parser.add_argument("--run-path", choices=sorted(PATHS), help=argparse.SUPPRESS)  # one check, in a child
+    parser.add_argument("--gpu-index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--timeline", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.run_path:
+        print(json.dumps(_run_one(args.run_path, args.gpu_index, args.timeline)), flush=True)
+        return 0
+    print(report(), flush=True)
+    if not args.gpu:
+        return 0
+    status, results = run_gpu_checks()
+    print("\nGPU checks:")
+    for r in results:
+        if "path" not in r:
+            print(f"    {r['error']}")
+            continue
+        detail = (f"result {r['result']} on {r['device']}, timeline path {r['timeline_paths'] or 'none'}"
+                  f"{', staged through the host' if r.get('staged_through_host') else ''}") if "result" in r \
+            else r.get("error", "")
+        print(f"    {_mark(r['ok'])} GPU {r['gpu']} {r['path']}: {detail}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
