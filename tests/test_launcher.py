@@ -251,6 +251,11 @@ def test_tuning_flags_set_both_names():
     assert tuning_env(off) == {"SMDIST_HIERARCHICAL_ALLREDUCE": "0", "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",
                                "SMDIST_FUSION_THRESHOLD": "0", "HOROVOD_FUSION_THRESHOLD": "0"}
     assert tuning_env(parse_args(["-np", "2", "true"])) == {}
+
+
+def test_network_interfaces_bind_nccl_too():
+    env = tuning_env(parse_args(["-np", "2", "--network-interfaces", "eth0,ib0", "true"]))
+    assert env == {"NCCL_SOCKET_IFNAME": "eth0,ib0"}
     tuned = parse_args(["-np", "2", "--autotune", "--autotune-log-file", "tune.csv", "--autotune-warmup-samples", "0",
                         "--autotune-steps-per-sample", "5", "true"])
     assert tuning_env(tuned) == {

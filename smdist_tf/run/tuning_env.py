@@ -49,4 +49,7 @@ def tuning_env(s: LaunchSettings) -> dict[str, str]:
         both("SMDIST_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", str(s.autotune_warmup_samples))
     if s.autotune_steps_per_sample is not None:
         both("SMDIST_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", str(s.autotune_steps_per_sample))
+    if s.network_interfaces:
+        # NCCL picks its own sockets: the interfaces MPI is told to use bind NCCL too, as horovodrun does.
+        env["NCCL_SOCKET_IFNAME"] = ",".join(s.network_interfaces)
     return env

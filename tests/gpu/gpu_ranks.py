@@ -28,6 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.gpu.cupy_engine import (AVERAGE, FP16_WIRE, MAX, MIN, PRODUCT, SUM, DeviceCollectives,  # noqa: E402
                                    from_numpy, load_runtime, storage_dtype, to_numpy)
+from tests.gpu.rank_checks import FLOATS, Checks, rank_values  # noqa: E402
 
 MODE = sys.argv[1]
 if MODE == "hierarchical":
@@ -43,8 +44,7 @@ cupy.cuda.Device(device).use()
 stream = cupy.cuda.Stream(non_blocking=True)
 dc = DeviceCollectives(rt, device, stream)
 REDUCED = ["uint8", "int8", "int16", "uint16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
-FLOATS = ["float16", "bfloat16", "float32", "float64"]  # a list: every rank must loop in one order
-checked = 0
+checks = Checks()
 
 
 def device_array(name: str, values: np.ndarray):
@@ -55,20 +55,6 @@ def device_array(name: str, values: np.ndarray):
 def host(name: str, array) -> np.ndarray:
     stream.synchronize()
     return to_numpy(name, cupy.asnumpy(array))
-
-
-def rank_values(r: int, n: int) -> np.ndarray:
-    return (r + 1 + np.arange(n) % 5).astype(np.float64)
-
-
-def expect_close(name: str, got: np.ndarray, want: np.ndarray, what: str) -> None:
-    global checked
-    checked += 1
-    if name in FLOATS:
-        tol = 2e-2 if name in ("float16", "bfloat16") else 1e-6
-        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol, err_msg=what)
-    else:
-        np.testing.assert_array_equal(got, want.astype(np.int64).astype(name), err_msg=what)
 
 
 def reduced(op: int, name: str, n: int) -> np.ndarray:
@@ -96,19 +82,19 @@ def check_allreduce() -> None:
             with stream:
                 y = cupy.empty_like(x)
             dc.allreduce([x], [y], name, [f"ar.{name}.{op}"], op)
-            expect_close(name, host(name, y), reduced(op, name, n), f"allreduce {name} op {op}")
+            checks.close(name, host(name, y), reduced(op, name, n), f"allreduce {name} op {op}")
         # In place: output is the input.
         x = device_array(name, rank_values(rank, n))
         dc.allreduce([x], [x], name, [f"ar.inplace.{name}"], SUM)
-        expect_close(name, host(name, x), reduced(SUM, name, n), f"in-place allreduce {name}")
+        checks.close(name, host(name, x), reduced(SUM, name, n), f"in-place allreduce {name}")
     for name in FLOATS:
         x = device_array(name, rank_values(rank, n))
         with stream:
             y = cupy.empty_like(x)
         dc.allreduce([x], [y], name, [f"ar.scaled.{name}"], SUM, prescale=0.5, postscale=3.0)
-        expect_close(name, host(name, y), reduced(SUM, name, n) * 1.5, f"scaled sum {name}")
+        checks.close(name, host(name, y), reduced(SUM, name, n) * 1.5, f"scaled sum {name}")
         dc.allreduce([x], [y], name, [f"ar.scaled_avg.{name}"], AVERAGE, postscale=2.0)
-        expect_close(name, host(name, y), reduced(AVERAGE, name, n) * 2.0, f"scaled average {name}")
+        checks.close(name, host(name, y), reduced(AVERAGE, name, n) * 2.0, f"scaled average {name}")
 
 
 def check_fp16_wire_and_fusion() -> None:
@@ -116,7 +102,7 @@ def check_fp16_wire_and_fusion() -> None:
     with stream:
         y = cupy.empty_like(x)
     dc.allreduce([x], [y], "float32", ["ar.fp16wire"], SUM, compression=FP16_WIRE)
-    expect_close("float16", host("float32", y), reduced(SUM, "float32", 1000), "fp16 on the wire")
+    checks.close("float16", host("float32", y), reduced(SUM, "float32", 1000), "fp16 on the wire")
     for name in ("float32", "float16", "int32"):
         counts = [1 + 7 * k for k in range(40)]
         xs = [device_array(name, rank_values(rank, c) + k % 3) for k, c in enumerate(counts)]
@@ -124,7 +110,7 @@ def check_fp16_wire_and_fusion() -> None:
             ys = [cupy.empty_like(x) for x in xs]
         dc.allreduce(xs, ys, name, [f"fused.{name}.{k}" for k in range(len(xs))], SUM)
         for k, (c, y) in enumerate(zip(counts, ys)):
-            expect_close(name, host(name, y), reduced(SUM, name, c) + size * (k % 3), f"fused {name} tensor {k}")
+            checks.close(name, host(name, y), reduced(SUM, name, c) + size * (k % 3), f"fused {name} tensor {k}")
 
 
 def check_allgather_broadcast_alltoall_reducescatter() -> None:
@@ -134,16 +120,16 @@ def check_allgather_broadcast_alltoall_reducescatter() -> None:
         got = host(name, dc.allgather(x, name, f"ag.{name}"))
         want = np.concatenate([((r * 10 + np.arange((r + 1) * 3)).reshape(r + 1, 3)) % (2 if name == "bool" else 1000)
                                for r in range(size)])
-        expect_close(name, got, want.astype(np.float64), f"allgather {name}")
+        checks.close(name, got, want.astype(np.float64), f"allgather {name}")
     root = size - 1
     for name in ("float64", "int8", "bfloat16"):
         x = device_array(name, rank_values(rank, 11))
         with stream:
             y = cupy.zeros_like(x)
         dc.broadcast(x, y, name, root, f"bc.{name}")
-        expect_close(name, host(name, y), rank_values(root, 11), f"broadcast {name}")
+        checks.close(name, host(name, y), rank_values(root, 11), f"broadcast {name}")
         dc.broadcast(x, x, name, root, f"bc.inplace.{name}")
-        expect_close(name, host(name, x), rank_values(root, 11), f"in-place broadcast {name}")
+        checks.close(name, host(name, x), rank_values(root, 11), f"in-place broadcast {name}")
     splits = [1 + (rank + j) % 3 for j in range(size)]
     rows = [np.array([[rank * 100 + j * 10 + k, -k] for k in range(s)], np.float64).reshape(s, 2)
             for j, s in enumerate(splits)]
@@ -154,7 +140,7 @@ def check_allgather_broadcast_alltoall_reducescatter() -> None:
                                         np.float64).reshape(-1, 2) for j in range(size)])
         if received != [1 + (j + rank) % 3 for j in range(size)]:
             raise AssertionError(f"alltoall received splits {received}")
-        expect_close(name, host(name, got), want, f"alltoall {name}")
+        checks.close(name, host(name, got), want, f"alltoall {name}")
     total_rows = 2 * size + 1
     start = sum(total_rows // size + (r < total_rows % size) for r in range(rank))
     mine_rows = total_rows // size + (rank < total_rows % size)
@@ -164,7 +150,7 @@ def check_allgather_broadcast_alltoall_reducescatter() -> None:
             y = cupy.zeros((mine_rows, 3), dtype=storage_dtype(name))
         dc.reducescatter(x, y, name, f"rs.{name}.{op}", op)
         want = reduced(op, name, total_rows * 3).reshape(total_rows, 3)[start:start + mine_rows]
-        expect_close(name, host(name, y), want, f"reducescatter {name} op {op}")
+        checks.close(name, host(name, y), want, f"reducescatter {name} op {op}")
 
 
 def check_refused() -> None:
@@ -188,15 +174,15 @@ def check_process_sets() -> None:
     with stream:
         y = cupy.empty_like(x)
     dc.allreduce([x], [y], "float32", ["ps.sum"], SUM, process_set_id=mine)
-    expect_close("float32", host("float32", y), rank_values(rank, 16), "allreduce in a set of one")
+    checks.close("float32", host("float32", y), rank_values(rank, 16), "allreduce in a set of one")
     dc.allreduce([x], [y], "float32", ["ps.avg"], AVERAGE, postscale=2.0, process_set_id=mine)
-    expect_close("float32", host("float32", y), rank_values(rank, 16) * 2, "scaled average in a set of one")
+    checks.close("float32", host("float32", y), rank_values(rank, 16) * 2, "scaled average in a set of one")
     got = dc.allgather(x.reshape(4, 4), "float32", "ps.allgather", process_set_id=mine)
-    expect_close("float32", host("float32", got).ravel(), rank_values(rank, 16), "allgather in a set of one")
+    checks.close("float32", host("float32", got).ravel(), rank_values(rank, 16), "allgather in a set of one")
     with stream:
         y = cupy.zeros_like(x)
     dc.broadcast(x, y, "float32", rank, "ps.broadcast", process_set_id=mine)  # roots are job ranks
-    expect_close("float32", host("float32", y), rank_values(rank, 16), "broadcast in a set of one")
+    checks.close("float32", host("float32", y), rank_values(rank, 16), "broadcast in a set of one")
     for set_id in set_ids:
         rt.remove_process_set(set_id)
 
@@ -227,5 +213,5 @@ if timeline and MODE != "refused" and (rank == 0 or MODE == "process_sets"):
         assert '"path":"nccl_hierarchical"' in text, "no allreduce ran hierarchically"
     else:
         assert '"path":"nccl"' in text, "no allreduce ran over NCCL"
-print(json.dumps({"mode": MODE, "rank": rank, "size": size, "checks": checked}), flush=True)
+print(json.dumps({"mode": MODE, "rank": rank, "size": size, "checks": checks.count}), flush=True)
 print(f"GPU-RANKS OK {MODE} {rank}", flush=True)

@@ -41,22 +41,29 @@ def mpirun() -> str:
     return found
 
 
-def run_ranks(np: int, mode: str, env: dict | None = None, timeout: float = 120) -> str:
-    """Runs gpu_ranks.py at `np` ranks; returns the output after checking every rank passed."""
+def run_rank_script(script: Path, ok_marker: str, np: int, mode: str, env: dict | None = None,
+                    timeout: float = 120) -> str:
+    """Runs `script mode [runtime dir]` at `np` ranks with a timeline; returns the output after checking
+    that every rank printed `<ok_marker> <mode> <rank>`."""
     tmp = tempfile.mkdtemp(prefix="smdist_gpu_")
     full_env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                     SMDIST_TIMELINE=str(Path(tmp) / "timeline.{rank}.json"), **(env or {}))
-    cmd = [mpirun(), "-np", str(np), "--oversubscribe", "--bind-to", "none", sys.executable, str(SCRIPT), mode]
-    if os.environ.get("SMDIST_RUNTIME_DIR"):
-        cmd.append(os.environ["SMDIST_RUNTIME_DIR"])
+    cmd = [mpirun(), "-np", str(np), "--oversubscribe", "--bind-to", "none", sys.executable, str(script), mode]
+    if full_env.get("SMDIST_RUNTIME_DIR"):
+        cmd.append(full_env["SMDIST_RUNTIME_DIR"])
     try:
         code, out = run_process_group(cmd, REPO, full_env, timeout)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     assert code == 0, f"{mode} at {np} ranks failed (exit {code}):\n{out[-8000:]}"
     for rank in range(np):
-        assert f"GPU-RANKS OK {mode} {rank}" in out, out[-8000:]
+        assert f"{ok_marker} {mode} {rank}" in out, out[-8000:]
     return out
+
+
+def run_ranks(np: int, mode: str, env: dict | None = None, timeout: float = 120) -> str:
+    """Runs gpu_ranks.py at `np` ranks; returns the output after checking every rank passed."""
+    return run_rank_script(SCRIPT, "GPU-RANKS OK", np, mode, env, timeout)
 
 
 @unittest.skipIf(gpu_count() == 0, "no GPU (or no CuPy) here")

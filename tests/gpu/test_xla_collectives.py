@@ -13,17 +13,14 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import unittest
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from tests.gpu.test_gpu_collectives import gpu_count, mpirun  # noqa: E402
-from tests.process_group import run_process_group  # noqa: E402
+from tests.gpu.test_gpu_collectives import gpu_count, run_rank_script  # noqa: E402
 
 SCRIPT = REPO / "tests" / "gpu" / "xla_ranks.py"
 HAS_JAX = importlib.util.find_spec("jax") is not None
@@ -39,20 +36,9 @@ def jax_sees_a_gpu() -> bool:
 
 
 def run_ranks(np: int, mode: str, env: dict | None = None, timeout: float = 180) -> str:
-    """Runs xla_ranks.py at `np` ranks; returns the output after checking every rank passed."""
-    tmp = tempfile.mkdtemp(prefix="smdist_xla_")
-    full_env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                    SMDIST_TIMELINE=str(Path(tmp) / "timeline.{rank}.json"),
-                    XLA_RANKS_STACKS_AFTER=str(timeout - 30), **(env or {}))
-    cmd = [mpirun(), "-np", str(np), "--oversubscribe", "--bind-to", "none", sys.executable, str(SCRIPT), mode]
-    try:
-        code, out = run_process_group(cmd, REPO, full_env, timeout)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    assert code == 0, f"{mode} at {np} ranks failed (exit {code}):\n{out[-8000:]}"
-    for rank in range(np):
-        assert f"XLA-RANKS OK {mode} {rank}" in out, out[-8000:]
-    return out
+    """Runs xla_ranks.py at `np` ranks; a rank still running 30 s before the timeout prints its stacks."""
+    return run_rank_script(SCRIPT, "XLA-RANKS OK", np, mode,
+                           {"XLA_RANKS_STACKS_AFTER": str(timeout - 30), **(env or {})}, timeout)
 
 
 @unittest.skipUnless(HAS_JAX, "no JAX here")

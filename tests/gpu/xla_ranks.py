@@ -28,6 +28,7 @@ os.environ["JAX_PLATFORMS"] = "cpu" if MODE == "cpu" else "cuda"
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # ranks may share one GPU
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.gpu import jax_engine as xc  # noqa: E402
+from tests.gpu.rank_checks import FLOATS, Checks, rank_values  # noqa: E402
 
 rt = xc.load_runtime("cpu" if MODE == "cpu" else "gpu")
 import jax  # noqa: E402
@@ -39,8 +40,7 @@ rt.init()
 rank, size = rt.rank(), rt.size()
 AVERAGE, SUM, MIN, MAX = 0, 1, 3, 4
 REDUCED = ["uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]  # NCCL's types
-FLOATS = ["float16", "bfloat16", "float32", "float64"]
-checked = 0
+checks = Checks()
 
 
 def device_array(name: str, values: np.ndarray):
@@ -49,20 +49,6 @@ def device_array(name: str, values: np.ndarray):
 
 def host(array) -> np.ndarray:
     return np.asarray(jnp.asarray(array).astype(jnp.float64))
-
-
-def rank_values(r: int, n: int) -> np.ndarray:
-    return (r + 1 + np.arange(n) % 5).astype(np.float64)
-
-
-def expect_close(name: str, got: np.ndarray, want: np.ndarray, what: str) -> None:
-    global checked
-    checked += 1
-    if name in FLOATS:
-        tol = 2e-2 if name in ("float16", "bfloat16") else 1e-6
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=what)
-    else:
-        np.testing.assert_array_equal(got, want, err_msg=what)
 
 
 def reduced(op: int, name: str, values: list[np.ndarray]) -> np.ndarray:
@@ -79,13 +65,13 @@ def check_allreduce() -> None:
     for name in REDUCED:
         for op in (SUM, AVERAGE, MIN, MAX):
             got = xc.allreduce([device_array(name, rank_values(rank, n))], f"ar.{name}.{op}", op)[0]
-            expect_close(name, host(got), reduced(op, name, everyone), f"allreduce {name} op {op}")
+            checks.close(name, host(got), reduced(op, name, everyone), f"allreduce {name} op {op}")
     for name in FLOATS:
         x = device_array(name, rank_values(rank, n))
         got = xc.allreduce([x], f"ar.scaled.{name}", SUM, prescale=0.5, postscale=3.0)[0]
-        expect_close(name, host(got), reduced(SUM, name, everyone) * 1.5, f"scaled sum {name}")
+        checks.close(name, host(got), reduced(SUM, name, everyone) * 1.5, f"scaled sum {name}")
     got = xc.allreduce([device_array("float32", rank_values(rank, 1000))], "ar.fp16wire", SUM, compression=1)[0]
-    expect_close("float16", host(got), reduced(SUM, "float32", [rank_values(r, 1000) for r in range(size)]),
+    checks.close("float16", host(got), reduced(SUM, "float32", [rank_values(r, 1000) for r in range(size)]),
                  "fp16 compression")
 
 
@@ -94,7 +80,7 @@ def check_grouped_allreduce() -> None:
     xs = [device_array("float32", rank_values(rank, c) + k) for k, c in enumerate(counts)]
     outs = xc.allreduce(xs, "grouped", SUM)
     for k, (c, y) in enumerate(zip(counts, outs)):
-        expect_close("float32", host(y), reduced(SUM, "float32", [rank_values(r, c) for r in range(size)]) + size * k,
+        checks.close("float32", host(y), reduced(SUM, "float32", [rank_values(r, c) for r in range(size)]) + size * k,
                      f"grouped tensor {k}")
 
 
@@ -103,17 +89,17 @@ def check_other_collectives() -> None:
         mine = (rank * 10 + np.arange(6)).reshape(2, 3)
         got = xc.allgather(device_array(name, mine), f"ag.{name}", size)
         want = np.concatenate([(r * 10 + np.arange(6)).reshape(2, 3) for r in range(size)])
-        expect_close(name, host(got), want, f"allgather {name}")
+        checks.close(name, host(got), want, f"allgather {name}")
     root = size - 1
     for name in ("float64", "int8", "float16"):
         got = xc.broadcast(device_array(name, rank_values(rank, 11)), f"bc.{name}", root)
-        expect_close(name, host(got), rank_values(root, 11), f"broadcast {name}")
+        checks.close(name, host(got), rank_values(root, 11), f"broadcast {name}")
     # Equal splits: block j (2 rows) goes to rank j.
     for name in ("float32", "int32"):
         blocks = [np.array([[rank * 100 + j * 10 + k, -k] for k in range(2)], np.float64) for j in range(size)]
         got = xc.alltoall(device_array(name, np.concatenate(blocks)), f"a2a.{name}")
         want = np.concatenate([np.array([[j * 100 + rank * 10 + k, -k] for k in range(2)]) for j in range(size)])
-        expect_close(name, host(got), want, f"alltoall {name}")
+        checks.close(name, host(got), want, f"alltoall {name}")
     total_rows = 2 * size + 1
     start = sum(total_rows // size + (r < total_rows % size) for r in range(rank))
     rows = total_rows // size + (rank < total_rows % size)
@@ -121,7 +107,7 @@ def check_other_collectives() -> None:
         x = device_array(name, rank_values(rank, total_rows * 3).reshape(total_rows, 3))
         got = xc.reducescatter(x, f"rs.{name}.{op}", rows, op)
         everyone = [rank_values(r, total_rows * 3).reshape(total_rows, 3) for r in range(size)]
-        expect_close(name, host(got), reduced(op, name, everyone)[start:start + rows], f"reducescatter {name} {op}")
+        checks.close(name, host(got), reduced(op, name, everyone)[start:start + rows], f"reducescatter {name} {op}")
 
 
 def check_process_sets() -> None:
@@ -132,24 +118,23 @@ def check_process_sets() -> None:
     members = [r for r in range(size) if r % 2 == rank % 2]
     mine = ids[rank % 2]
     got = xc.allreduce([device_array("float32", rank_values(rank, 16))], "ps.sum", SUM, process_set_id=mine)[0]
-    expect_close("float32", host(got), reduced(SUM, "float32", [rank_values(r, 16) for r in members]), "set sum")
+    checks.close("float32", host(got), reduced(SUM, "float32", [rank_values(r, 16) for r in members]), "set sum")
     got = xc.allgather(device_array("float32", rank_values(rank, 8).reshape(2, 4)), "ps.ag", len(members),
                        process_set_id=mine)
-    expect_close("float32", host(got), np.concatenate([rank_values(r, 8).reshape(2, 4) for r in members]), "set ag")
+    checks.close("float32", host(got), np.concatenate([rank_values(r, 8).reshape(2, 4) for r in members]), "set ag")
     got = xc.broadcast(device_array("float32", rank_values(rank, 5)), "ps.bc", members[-1], process_set_id=mine)
-    expect_close("float32", host(got), rank_values(members[-1], 5), "set broadcast (a job rank as root)")
+    checks.close("float32", host(got), rank_values(members[-1], 5), "set broadcast (a job rank as root)")
     for set_id in ids:
         rt.remove_process_set(set_id)
 
 
 def expect_error_on_this_rank(call, words: str, what: str) -> None:
-    global checked
     try:
         jax.block_until_ready(call())
     except Exception as err:  # XLA's runtime error type differs across JAX versions
         if words not in str(err):
             raise AssertionError(f"{what}: the error does not say '{words}': {err}") from err
-        checked += 1
+        checks.count += 1
     else:
         raise AssertionError(f"{what}: no error on rank {rank}")
 
@@ -164,7 +149,7 @@ def check_errors() -> None:
                                   "divide evenly", "uneven alltoall under XLA")
     # The engine goes on after errors.
     got = xc.allreduce([device_array("float32", rank_values(rank, 4))], "after.errors", SUM)[0]
-    expect_close("float32", host(got), reduced(SUM, "float32", [rank_values(r, 4) for r in range(size)]),
+    checks.close("float32", host(got), reduced(SUM, "float32", [rank_values(r, 4) for r in range(size)]),
                  "allreduce after errors")
 
 
@@ -192,6 +177,6 @@ timeline = os.environ.get("SMDIST_TIMELINE")
 if timeline and rank == 0:
     check_timeline(Path(timeline.replace("{rank}", str(rank))).read_text())
 faulthandler.cancel_dump_traceback_later()
-print(json.dumps({"mode": MODE, "rank": rank, "size": size, "checks": checked, "jax": jax.__version__,
+print(json.dumps({"mode": MODE, "rank": rank, "size": size, "checks": checks.count, "jax": jax.__version__,
                   "device": str(jax.devices()[0])}), flush=True)
 print(f"XLA-RANKS OK {MODE} {rank}", flush=True)
