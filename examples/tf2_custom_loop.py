@@ -84,10 +84,15 @@ def main() -> None:
     right = np.sum(np.argmax(model(x_test[mine]), 1) == y_test[mine])
     totals = sdp.allreduce(tf.constant([float(right), float(len(y_test[mine]))]), op=sdp.Sum, name="test.accuracy")
     if sdp.rank() == 0:
-        directory = args.checkpoint_dir or tempfile.mkdtemp(prefix="tf2_custom_loop_")
-        path = checkpoint.save(os.path.join(directory, "ckpt"))
         print(f"test accuracy: {float(totals[0] / totals[1]):.4f}", flush=True)
-        print(f"checkpoint written by rank 0: {path}", flush=True)
+        if args.checkpoint_dir:
+            path = checkpoint.save(os.path.join(args.checkpoint_dir, "ckpt"))
+            print(f"checkpoint written by rank 0: {path}", flush=True)
+        else:  # a demonstration of the save only: nothing left behind
+            with tempfile.TemporaryDirectory(prefix="tf2_custom_loop_") as directory:
+                path = checkpoint.save(os.path.join(directory, "ckpt"))
+                print(f"checkpoint written by rank 0: {path} (removed: pass --checkpoint-dir to keep it)",
+                      flush=True)
 
 
 if __name__ == "__main__":

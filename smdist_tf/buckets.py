@@ -20,10 +20,9 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
+from smdist_tf.bucket_setting import BUCKET_CAP_VARIABLE, bucket_cap_megabytes  # noqa: F401 - re-exported
 from smdist_tf.runtime import engine_config
 
-BUCKET_CAP_VARIABLE = "SMDIST_BUCKET_CAP_MB"
-DEFAULT_BUCKET_CAP_MB = 4.0
 _MIB = 1 << 20
 
 
@@ -39,14 +38,7 @@ def bucket_cap_bytes(bytes_per_pack: int = 0) -> int:
     """
     cap = bytes_per_pack
     if cap <= 0:
-        text = os.environ.get(BUCKET_CAP_VARIABLE, "")
-        try:
-            megabytes = float(text) if text else DEFAULT_BUCKET_CAP_MB
-        except ValueError:
-            megabytes = -1.0
-        if not megabytes > 0:
-            raise ValueError(f"{BUCKET_CAP_VARIABLE} must be a positive number of MiB, got {text!r}")
-        cap = int(megabytes * _MIB)
+        cap = int(bucket_cap_megabytes(os.environ) * _MIB)
     return max(1, min(cap, int(engine_config()["fusion_threshold_bytes"]) or cap))
 
 

@@ -1,6 +1,8 @@
 """Keras 3 / tf.distribute integration across 2 and 4 ranks, and the Keras digits example end to end."""
 
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +40,12 @@ def test_tf2_custom_loop_example_two_ranks(tmp_path):
     assert float(re.search(r"test accuracy: ([\d.]+)", out).group(1)) >= 0.85, out[-3000:]
     assert len(re.findall(r"checkpoint written by rank 0", out)) == 1
     assert any(p.name.startswith("ckpt-1") for p in tmp_path.iterdir())
+
+
+def test_tf2_custom_loop_example_leaves_nothing_behind_without_a_checkpoint_dir():
+    scratch = Path(tempfile.gettempdir())
+    before = set(scratch.glob("tf2_custom_loop_*"))
+    code, out = run_under_mpi(2, ["examples/tf2_custom_loop.py", "--epochs", "1"], timeout=400)
+    assert code == 0, out[-5000:]
+    assert "checkpoint written by rank 0" in out
+    assert set(scratch.glob("tf2_custom_loop_*")) == before

@@ -6,9 +6,11 @@ Real launches are in test_launcher_multiprocess.py.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from smdist_tf.run.args import DEFAULT_DISCOVERY_RESTARTS, effective_max_restart
 from smdist_tf.run.checks import check_environment
 from smdist_tf.run.config_file import parse_config_text
 from smdist_tf.run.errors import UsageError
+from smdist_tf.run.exit_banner import ExitBannerFilter
 from smdist_tf.run.host_discovery import DiscoveryError, choose_np, parse_output
 from smdist_tf.run.launcher import _NotLeader, main, plan
 from smdist_tf.run.mpi_command import (
@@ -28,6 +31,7 @@ from smdist_tf.run.rank_agent import TensorFlowStartupFilter
 from smdist_tf.run.restarts import backoff_s, restart_cause
 from smdist_tf.run.supervisor import Outcome, RankExit, Supervisor
 from smdist_tf.run.tuning_env import tuning_env
+from tests.mpi_harness import ROOT, mpi_env
 
 OMPI5 = MpiFlavour("openmpi", 5, "5.0.11")
 OMPI4 = MpiFlavour("openmpi", 4, "4.1.6")
@@ -375,6 +379,64 @@ def test_exported_environment():
     assert names == ["SMDIST_CYCLE_TIME", "MY_VAR", "PATH"]
 
 
+@pytest.mark.parametrize("name,value,says", [
+    ("SMDIST_CYCLE_TIME", "fast", "SMDIST_CYCLE_TIME='fast' is not valid"),
+    ("HOROVOD_FUSION_THRESHOLD", "-3", "HOROVOD_FUSION_THRESHOLD='-3' is not valid"),
+    ("SMDIST_AUTOTUNE", "maybe", "SMDIST_AUTOTUNE='maybe' is not valid"),
+    ("SMDIST_BUCKET_CAP_MB", "0", "SMDIST_BUCKET_CAP_MB must be a positive number"),
+])
+def test_malformed_engine_settings_are_refused_before_any_rank_starts(name, value, says, monkeypatch, capsys):
+    before = dict(os.environ)
+    with pytest.raises(UsageError, match=re.escape(says)):
+        plan(parse_args(["-np", "2", "python", "t.py"]), dict(os.environ, **{name: value}))
+    assert dict(os.environ) == before  # the check borrowed this process's environment and gave it back
+    monkeypatch.setenv(name, value)
+    started = time.monotonic()
+    assert main(["-np", "2", sys.executable, "-c", "import tensorflow"]) == 2
+    assert time.monotonic() - started < 10  # no rank imported TensorFlow first
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+
+
+def test_well_formed_settings_pass_the_check():
+    env = dict(os.environ, SMDIST_CYCLE_TIME="2.5", HOROVOD_FUSION_THRESHOLD="1048576", SMDIST_BUCKET_CAP_MB="0.5")
+    assert plan(parse_args(["-np", "2", "python", "t.py"]), env).env["SMDIST_CYCLE_TIME"] == "2.5"
+
+
+def test_exit_banners_of_open_mpi_5_and_4_are_left_out_and_other_lines_kept():
+    rule = b"-" * 74 + b"\n"
+    v5 = [rule, b"prterun detected that one or more processes exited with non-zero status,\n",
+          b"thus causing the job to be terminated. The first process to do so was:\n", b"\n",
+          b"   Process name: [prterun-vm-30258@1,0]\n", b"   Exit code:    1\n", rule]
+    v4 = [rule, b"Primary job  terminated normally, but 1 process returned\n",
+          b"a non-zero exit code. Per user-direction, the job has been aborted.\n", rule,
+          rule, b"mpirun detected that one or more processes exited with non-zero status, thus causing\n",
+          b"the job to be terminated. The first process to do so was:\n", b"  Process name: [[1,1],0]\n",
+          b"  Exit code:    3\n", rule]
+    other_box = [rule, b"WARNING: There was an error initializing an OpenFabrics device.\n", rule]
+    kept = [b"[0]<stderr>:Traceback (most recent call last):\n", *other_box, b"smdistrun: rank 0 exited\n"]
+    lines = [kept[0], *v5, *other_box, *v4, kept[-1], rule]  # a rule at the very end is kept too
+    banner = ExitBannerFilter()
+    out = [kept_line for line in lines for kept_line in banner.feed(line)] + banner.flush()
+    assert out == kept + [rule]
+
+
+def test_open_mpi_ranks_skip_the_ucx_one_sided_component_unless_the_user_chose():
+    mine = plan(parse_args(["-np", "1", "python", "t.py"]), dict(os.environ, OMPI_MCA_osc="sm"))
+    ours = plan(parse_args(["-np", "1", "python", "t.py"]), {k: v for k, v in os.environ.items() if k != "OMPI_MCA_osc"})
+    assert ours.env["OMPI_MCA_osc"] == "^ucx" and mine.env["OMPI_MCA_osc"] == "sm"
+
+
+def test_mpi4py_windows_under_smdistrun_print_no_ucx_error():
+    code = "from mpi4py import MPI; w = MPI.Win.Allocate(8, comm=MPI.COMM_WORLD); w.Free(); print('window ok')"
+    env = {k: v for k, v in mpi_env().items() if k != "OMPI_MCA_osc"}
+    done = subprocess.run([sys.executable, "-m", "smdist_tf.run", "-np", "2", sys.executable, "-c", code],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and out.count("window ok") == 2, out[-3000:]
+    assert "osc_ucx" not in out and "Error" not in out, out[-3000:]
+
+
 def test_local_plan_oversubscribes_only_past_the_cores():
     cores = os.cpu_count() or 1
     few = plan(parse_args(["-np", "1", "python", "t.py"]), dict(os.environ))
@@ -386,10 +448,17 @@ def test_local_plan_oversubscribes_only_past_the_cores():
 
 
 def test_agent_quiets_tensorflow_start_up_lines_unless_verbose():
-    quiet = plan(parse_args(["-np", "2", "python", "t.py"]), dict(os.environ))
-    verbose = plan(parse_args(["-np", "2", "--verbose", "python", "t.py"]), dict(os.environ))
-    assert quiet.command[-4:] == ["--quiet-tf-startup", "--", "python", "t.py"]
-    assert "--quiet-tf-startup" not in verbose.command
+    unset = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    quiet = plan(parse_args(["-np", "2", "python", "t.py"]), unset)
+    users = plan(parse_args(["-np", "2", "python", "t.py"]), dict(unset, TF_CPP_MIN_LOG_LEVEL="0"))
+    verbose = plan(parse_args(["-np", "2", "--verbose", "python", "t.py"]), unset)
+    # By default none of them, and no INFO or WARNING lines; the user's TF_CPP_MIN_LOG_LEVEL: rank 0's, as they set it.
+    assert quiet.command[-4:] == ["--quiet-tf-startup-all", "--", "python", "t.py"]
+    assert quiet.env["TF_CPP_MIN_LOG_LEVEL"] == "2" and "TF_CPP_MIN_LOG_LEVEL" in quiet.command
+    assert users.command[-4:] == ["--quiet-tf-startup", "--", "python", "t.py"]
+    assert users.env["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    assert not any(a.startswith("--quiet-tf-startup") for a in verbose.command)
+    assert "TF_CPP_MIN_LOG_LEVEL" not in verbose.env
 
 
 def test_tensorflow_start_up_filter_takes_only_start_up_lines():

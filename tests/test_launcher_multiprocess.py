@@ -164,6 +164,17 @@ def test_tensorflow_start_up_lines_come_from_rank_zero_unless_verbose(monkeypatc
     assert verbose[0] == verbose[1] == quiet[0], verbose
 
 
+def test_an_example_prints_no_tensorflow_log_lines_by_default(monkeypatch, capfd, deadline):
+    deadline(300)
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    code = main(["-np", "2", sys.executable, str(ROOT / "examples" / "keras_digits.py"), "--epochs", "1"])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    tf_lines = re.findall(r"^\[\d\]<stderr>:(?:WARNING: All log messages|[IWE]\d{4} \d\d:\d\d:\d\d)", err, re.M)
+    assert tf_lines == [], err  # was 6 of the example's 14 lines: the absl notice and oneDNN, twice, on rank 0
+    assert "weights identical on all ranks: True" in out
+
+
 def test_killed_rank_is_reported(capfd, deadline):
     deadline(60)
     tag = uuid.uuid4().hex

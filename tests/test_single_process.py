@@ -132,6 +132,14 @@ class SizeOneTest(tf.test.TestCase):
         super().setUpClass()
         sd.init()
 
+    def test_distributed_optimizer_inside_our_strategy_scope_raises_in_one_process_too(self):
+        import keras
+
+        import smdist_tf.keras as hvd
+
+        with sd.DataParallelStrategy().scope(), self.assertRaisesRegex(ValueError, "inside a tf.distribute strategy"):
+            hvd.DistributedOptimizer(keras.optimizers.SGD())
+
     def test_topology(self):
         self.assertTrue(sd.is_initialized())
         self.assertEqual((sd.size(), sd.rank(), sd.local_size(), sd.local_rank(), sd.cross_size(), sd.cross_rank()), (1, 0, 1, 0, 1, 0))

@@ -39,6 +39,7 @@ class DistributedTestCaseTest(tf.test.TestCase):
         # Skipped because every rank skipped it (pytest sums up skips by file and line).
         self.assertRegex(result.stdout, r"SKIPPED \[2\] \S+cases_pass.py:\d+: not on any rank")
         self.assertNotIn("::DistributedTestCase::", result.stdout)  # the base class is not collected
+        self.assertNotIn("test_session", result.stdout)  # tf.test.TestCase's TF1 helper is no test
 
     def test_failures_name_their_rank_and_a_hang_fails_within_the_timeout(self):
         result = run("-m", "pytest", "-rA", "-p", "no:cacheprovider", str(KIT / "cases_fail.py"))
@@ -51,6 +52,11 @@ class DistributedTestCaseTest(tf.test.TestCase):
         self.assertRegex(out, r"test_exception_on_rank_zero failed:\s+E?\s*rank 0 of 2:[\s\S]*ValueError: rank zero")
         self.assertIn("test_a_hang failed:", out)
         self.assertRegex(out, r"did not finish on rank\(s\) [0-9, ]*1[0-9, ]* of 2 within 8 s")
+        # The stuck rank's stacks are in the hung test's own failure, not in another test's output.
+        hang = out[out.index("test_a_hang failed:"):]
+        self.assertRegex(hang[:hang.index("test_b_after_the_hang")],
+                         r"rank 1's stacks when it was stopped:\s+E?\s*Timeout \([\d:.]+\)![\s\S]*"
+                         r"cases_fail\.py\", line 32 in test_a_hang")
         self.assertRegex(out, r"test_b_after_the_hang failed:\s+E?\s*never ran on rank\(s\) 0, 1 of 2")
         # A start-up that outlasts startup_timeout ends the job before any test.
         self.assertRegex(out, r"test_never_reached failed:\s+E?\s*never ran on rank\(s\) 0(, 1)? of 2: smdist_tf.run: rank 0")
@@ -60,9 +66,10 @@ class DistributedTestCaseTest(tf.test.TestCase):
         self.assertIn("cases_fail.py", message)
 
     def test_a_script_with_tf_test_main(self):
-        result = run(str(KIT / "cases_pass.py"))
+        result = run("-W", "always::ResourceWarning", str(KIT / "cases_pass.py"))
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-5000:])
         self.assertRegex(result.stderr, r"Ran \d+ tests[\s\S]*OK \(skipped=\d+\)")
+        self.assertNotIn("ResourceWarning", result.stderr)  # the launcher closes mpirun's pipes
 
 
     def test_the_example_passes(self):

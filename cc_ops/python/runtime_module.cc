@@ -64,6 +64,13 @@ PYBIND11_MODULE(_runtime, m) {
     RaiseIfError(smdist::Engine::Instance().StartTimeline(path, mark_cycles));
   });
   m.def("stop_timeline", [] { smdist::Engine::Instance().StopTimeline(); });
+  // What init() would refuse in this process's environment, or "": smdistrun checks the ranks'
+  // settings with the engine's own parser before it starts them (no MPI, no engine started).
+  m.def("environment_config_error", [] {
+    smdist::EngineConfig config;
+    const smdist::Status s = smdist::EngineConfig::FromEnvironment(&config);
+    return s.ok() ? std::string() : s.message();
+  });
   m.def("is_initialized", [] { return smdist::Engine::Instance().initialized(); });
   m.def("rank", [] { return RequireTopology().rank; });
   m.def("size", [] { return RequireTopology().size; });

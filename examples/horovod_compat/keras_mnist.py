@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 
 import keras
 import tensorflow as tf
@@ -27,7 +28,8 @@ parser.add_argument("--epochs", type=int, default=10)
 parser.add_argument("--batch-size", type=int, default=32, help="per rank")
 parser.add_argument("--base-lr", type=float, default=0.05, help="learning rate of one rank")
 parser.add_argument("--warmup-epochs", type=int, default=2)
-parser.add_argument("--checkpoint-dir", default="./checkpoints")
+# A fixed folder outside the working tree, so a second run resumes and the checkout stays clean.
+parser.add_argument("--checkpoint-dir", default=os.path.join(tempfile.gettempdir(), "smdist_keras_mnist_checkpoints"))
 args = parser.parse_args()
 checkpoint_format = os.path.join(args.checkpoint_dir, "checkpoint-{epoch}.keras")
 

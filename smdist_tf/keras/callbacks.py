@@ -12,7 +12,7 @@ from smdist_tf.distribute.checkpoint import scratch_path
 from smdist_tf.keras.checkpoint_callbacks import BestModelCheckpoint  # noqa: F401
 from smdist_tf.keras.schedule_callbacks import LearningRateScheduleCallback  # noqa: F401
 from smdist_tf.keras.schedule_callbacks import set_learning_rate
-from smdist_tf.keras_api import keras_api
+from smdist_tf.keras_api import keras_api, uses_tf_keras
 from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
 from smdist_tf.runtime import rank, size
@@ -31,25 +31,50 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Args:
         root_rank: the rank whose values everyone takes.
+        device: accepted for Horovod's signature; unused (the engine moves each variable
+            from where it lives).
+        local_variables: a variable, or variables, each rank keeps as it is (Horovod's
+            ``local_variables``): ``tf.Variable`` or Keras variables.
         process_set: broadcast only among this ``ProcessSet``'s members (``root_rank`` one of them).
+
+    Raises:
+        ValueError: a ``local_variables`` entry is not a variable.
     """
 
-    def __init__(self, root_rank: int = 0, process_set: Optional[ProcessSet] = None) -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None,
+                 process_set: Optional[ProcessSet] = None) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.process_set = process_set
+        if local_variables is None:
+            local_variables = []
+        elif _is_variable(local_variables):
+            local_variables = [local_variables]
+        local_variables = list(local_variables)
+        if not all(_is_variable(v) for v in local_variables):
+            raise ValueError("BroadcastGlobalVariablesCallback: every local variable must be a tf.Variable or a "
+                             "Keras variable")
+        self._local_ids = {id(v) for v in local_variables}
         self._done = False
+
+    def _broadcast(self, variables: list) -> None:
+        shared = [v for v in variables if id(v) not in self._local_ids]
+        broadcast_variables(shared, root_rank=self.root_rank, process_set=self.process_set)
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
         if self.model.built:
-            broadcast_variables(self.model.variables, root_rank=self.root_rank, process_set=self.process_set)
+            self._broadcast(list(self.model.variables))
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         if self._done:
             return
-        broadcast_variables(list(self.model.variables) + unsharded_variables(self.model.optimizer), root_rank=self.root_rank,
-                            process_set=self.process_set)
+        self._broadcast(list(self.model.variables) + unsharded_variables(self.model.optimizer))
         self._done = True
+
+
+def _is_variable(value: Any) -> bool:
+    # Keras 2's variables are tf.Variables; Keras 3 has its own class.
+    return isinstance(value, tf.Variable) or (not uses_tf_keras() and isinstance(value, keras.Variable))
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -60,10 +85,11 @@ class MetricAverageCallback(keras.callbacks.Callback):
     the same keys.
 
     Args:
+        device: accepted for Horovod's signature; unused (the averages are computed on the host).
         process_set: average only over this ``ProcessSet``'s members.
     """
 
-    def __init__(self, process_set: Optional[ProcessSet] = None) -> None:
+    def __init__(self, device: str = "", process_set: Optional[ProcessSet] = None) -> None:
         super().__init__()
         self.process_set = process_set
 

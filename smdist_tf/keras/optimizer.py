@@ -12,8 +12,10 @@ import keras
 import tensorflow as tf
 
 from smdist_tf.compression import Compression, Compressor
+from smdist_tf.distribute.strategy import DataParallelStrategy
 from smdist_tf.gradient_tape import DistributedGradientTape
 from smdist_tf.keras.gradient_reduction import GradientReduction, distributed_class, reduction_settings
+from smdist_tf.keras.keras2_arguments import install_keras2_compile_arguments
 from smdist_tf.keras.loss_scale import install_finite_agreement
 from smdist_tf.keras.uneven_data import install_uneven_data_support
 from smdist_tf.keras_api import is_tf_keras_class, is_tf_keras_object, uses_tf_keras
@@ -33,12 +35,46 @@ class _DistributedApply(GradientReduction):
             ]
             self._smdist_passes = self.add_variable((), initializer="zeros", dtype="int64", name="smdist_passes")
 
+    def _compute_gradients(self, loss: Any, var_list: Any, grad_loss: Any = None,
+                           tape: Optional[tf.GradientTape] = None) -> list[tuple[Any, Any]]:
+        """Horovod's Keras ``_compute_gradients``: ``(gradient, variable)`` pairs, the gradients reduced.
+
+        Args:
+            loss: a callable returning the loss (recorded on ``tape``, or a new one), or a loss tensor
+                recorded on ``tape``.
+            var_list: the variables (or a callable returning them).
+            grad_loss: the loss's own gradient, if not ones.
+            tape: the ``tf.GradientTape`` that recorded ``loss``; needed for a loss tensor.
+
+        ``apply_gradients`` of these pairs does not reduce them again. With
+        ``backward_passes_per_step > 1`` the gradients come back as this rank's: ``apply_gradients``
+        accumulates them and reduces every ``backward_passes_per_step``-th call, as always.
+        """
+        variables = list(var_list() if callable(var_list) else var_list)
+        if tape is None:
+            if not callable(loss):
+                raise ValueError("_compute_gradients: a loss tensor needs the `tape` that recorded it "
+                                 "(or pass the loss as a callable)")
+            tape = tf.GradientTape()
+        if callable(loss):
+            with tape:  # trainable variables are watched by themselves
+                loss = loss()
+        grads = list(tape.gradient(loss, variables, grad_loss))
+        if self._smdist_settings["backward_passes_per_step"] == 1:
+            grads = self._smdist_reducer()._reduce(grads, variables)
+            # Alive in the pairs until apply() takes them, so their ids stay theirs.
+            self._smdist_reduced_ids = {id(g) for g in grads if g is not None}
+        return list(zip(grads, variables))
+
     def apply(self, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None) -> None:
         grads = list(grads)
         if trainable_variables is None:
             trainable_variables = self._trainable_variables
         trainable_variables = list(trainable_variables)
         passes = self._smdist_settings["backward_passes_per_step"]
+        reduced_ids, self._smdist_reduced_ids = getattr(self, "_smdist_reduced_ids", set()), set()
+        if reduced_ids and all(id(g) in reduced_ids for g in grads if g is not None):
+            return super().apply(grads, trainable_variables)  # from _compute_gradients: reduced already
         if passes == 1:
             reduced = self._smdist_reducer()._reduce(grads, trainable_variables)
             return super().apply(reduced, trainable_variables)
@@ -141,7 +177,7 @@ def DistributedOptimizer(
     keras_2 = _check_optimizer(optimizer)
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be >= 1")
-    if tf.distribute.has_strategy() and tf.distribute.get_strategy().num_replicas_in_sync > 1:
+    if tf.distribute.has_strategy() and _reduces_across_processes(tf.distribute.get_strategy()):
         raise ValueError("DistributedOptimizer reduces by itself; do not use it inside a tf.distribute strategy scope")
     # Validates op / predivide the same way the tape does, on every rank alike.
     DistributedGradientTape(None, compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
@@ -154,6 +190,7 @@ def DistributedOptimizer(
                          "accumulate gradients in your own loop, or use Keras 3")
     if not keras_2:
         install_finite_agreement()  # Keras 2's LossScaleOptimizer checks the reduced gradients already
+        install_keras2_compile_arguments()  # Horovod's examples compile with Keras 2 arguments
     install_uneven_data_support()
     config = optimizer.get_config()
     if name is not None:
@@ -183,6 +220,12 @@ def distributed_optimizer_class(base: type, settings: dict) -> type:
 
         return distributed_class(DistributedAggregation, base, settings)
     return distributed_class(_DistributedApply, base, settings)
+
+
+def _reduces_across_processes(strategy: tf.distribute.Strategy) -> bool:
+    """True for a strategy that reduces gradients itself: several replicas, or ours at any size (one process
+    included, so the mistake shows on a laptop before it meets a cluster)."""
+    return strategy.num_replicas_in_sync > 1 or isinstance(strategy, DataParallelStrategy)
 
 
 def _check_optimizer(optimizer: Any) -> bool:

@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="smdistrun",
         description="Start a smdist_tf job over mpirun (horovodrun-compatible flags).",
         usage="smdistrun [options] -np N command [args ...]",
+        epilog="TensorFlow's logs: unless you set TF_CPP_MIN_LOG_LEVEL, the ranks get TF_CPP_MIN_LOG_LEVEL=2 "
+               "(errors only) and TensorFlow's start-up lines are left out on every rank; set "
+               "TF_CPP_MIN_LOG_LEVEL=0 to see them (rank 0's start-up lines), or --verbose for every rank's.",
         allow_abbrev=False,  # a typo must not silently pick another flag
     )
     # Defaults are None so we can tell "not given" from "given", and let the
@@ -90,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-timeout", type=float, help=f"seconds for all ranks to start (default {DEFAULT_START_TIMEOUT_S:g}; env HOROVOD_START_TIMEOUT)")
     p.add_argument("--network-interface", "--network-interfaces", dest="network_interfaces", help="comma-separated interface names MPI may use, e.g. eth0,eth1")
     p.add_argument("--output-filename", help="also write each rank's output to DIR/rank.N/{stdout,stderr}")
-    p.add_argument("--verbose", action="store_true", default=None, help="print the exact mpirun command and launcher decisions")
+    p.add_argument("--verbose", action="store_true", default=None,
+                   help="print the exact mpirun command and launcher decisions, and every rank's TensorFlow logs")
     p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="engine log level")
     p.add_argument("--mpi-args", help="extra arguments for mpirun, as one quoted string; passed on unchecked, as your own mpirun options")
     p.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MB (0 disables fusion)")

@@ -26,6 +26,7 @@ from smdist_tf.run.mpi_command import (
 )
 from smdist_tf.run.rank_agent import TOKEN_ENV
 from smdist_tf.run.session_dir import private_session_base, session_base_variable
+from smdist_tf.run.settings_check import settings_error
 from smdist_tf.run.supervisor import Outcome, Supervisor
 from smdist_tf.run.tuning_env import tuning_env
 
@@ -44,6 +45,10 @@ class LaunchPlan:
     start_timeout: float
     notes: list[str]  # what the launcher decided, shown with --verbose
     session_base_variable: str | None = None  # set to a private directory for each launch
+
+
+# What smdistrun sets TF_CPP_MIN_LOG_LEVEL to for the ranks when the user did not (2: errors only, as scripts/env.sh).
+QUIET_TF_LOG_LEVEL = "2"
 
 
 def say(stream: IO, text: str) -> None:
@@ -120,17 +125,28 @@ def plan(s: LaunchSettings, environ: Mapping[str, str] | None = None, rank_comma
     extra = {**tuning_env(s), **(rank_env or {})}
     extra[TOKEN_ENV] = token
     extra["PYTHONUNBUFFERED"] = environ.get("PYTHONUNBUFFERED", "1")
+    if "TF_CPP_MIN_LOG_LEVEL" not in environ and not s.verbose:
+        extra["TF_CPP_MIN_LOG_LEVEL"] = QUIET_TF_LOG_LEVEL  # TensorFlow's INFO and WARNING lines: mostly noise
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
     if as_root and flavour.name == "openmpi":
         extra.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         extra.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    if flavour.name == "openmpi" and "OMPI_MCA_osc" not in environ:
+        # Open MPI's UCX one-sided component prints an "Error" line per rank wherever a rank's MPI_Init
+        # (mpi4py's too) finds no UCX device; the shared-memory one serves one host, the engine's windows too.
+        extra["OMPI_MCA_osc"] = "^ucx"
     env = {**environ, **extra}
+    error = settings_error(env)  # before any rank imports TensorFlow only to refuse it
+    if error:
+        raise UsageError(error)
 
     agent = [sys.executable, RANK_AGENT]
     if s.output_filename:
         agent += ["--output-dir", os.path.abspath(s.output_filename)]
     if not s.verbose:
-        agent.append("--quiet-tf-startup")  # TensorFlow's start-up lines from rank 0 only
+        # TensorFlow's start-up lines: none by default; from rank 0 only when the user set
+        # TF_CPP_MIN_LOG_LEVEL (they want TensorFlow's logs, and every rank prints the same).
+        agent.append("--quiet-tf-startup" if "TF_CPP_MIN_LOG_LEVEL" in environ else "--quiet-tf-startup-all")
     job = MpiJob(
         mpirun=mpirun, flavour=flavour, np=np, rank_command=agent + ["--"] + list(rank_command or s.command),
         hosts=hosts, oversubscribe=oversubscribe, ssh_port=s.ssh_port, ssh_identity_file=s.ssh_identity_file,
@@ -158,7 +174,7 @@ def launch(p: LaunchPlan, verbose: bool = False, stdout: IO | None = None, stder
             say(err, note)
         say(err, shlex.join(p.command))
     with private_session_base(p.session_base_variable, p.env) as env:
-        sup = Supervisor(p.command, env, p.np, p.token, p.start_timeout, stdout, stderr)
+        sup = Supervisor(p.command, env, p.np, p.token, p.start_timeout, stdout, stderr, quiet_exit_banner=not verbose)
         previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:

@@ -17,10 +17,10 @@ Between mpirun and the user's program it:
 * with ``--quiet-tf-startup``, leaves out TensorFlow's start-up lines (absl's
   "before InitializeLog" notice, oneDNN, CPU features, CUDA registrations) on ranks
   other than 0: every rank prints the same ones, and TF_CPP_MIN_LOG_LEVEL does not
-  silence those absl writes before its logging is set up. The ``--output-dir`` copies
-  keep them.
+  silence those absl writes before its logging is set up; with ``--quiet-tf-startup-all``,
+  on rank 0 too. The ``--output-dir`` copies keep them.
 
-Started as ``python rank_agent.py [--output-dir DIR] [--quiet-tf-startup] -- command ...``;
+Started as ``python rank_agent.py [--output-dir DIR] [--quiet-tf-startup[-all]] -- command ...``;
 running it by path keeps each rank's start cheap (no package import, no TensorFlow).
 """
 
@@ -157,10 +157,10 @@ class _Pump(threading.Thread):
 
 
 def main(argv: list[str]) -> int:
-    output_dir, quiet_tf_startup = None, False
-    while argv[:1] in (["--output-dir"], ["--quiet-tf-startup"]):
-        if argv[0] == "--quiet-tf-startup":
-            quiet_tf_startup, argv = True, argv[1:]
+    output_dir, quiet_tf_startup, on_rank_zero_too = None, False, False
+    while argv[:1] in (["--output-dir"], ["--quiet-tf-startup"], ["--quiet-tf-startup-all"]):
+        if argv[0].startswith("--quiet-tf-startup"):
+            quiet_tf_startup, on_rank_zero_too, argv = True, argv[0].endswith("-all"), argv[1:]
         elif len(argv) >= 2:
             output_dir, argv = argv[1], argv[2:]
         else:
@@ -228,7 +228,7 @@ def main(argv: list[str]) -> int:
         _Pump(child.stdout, sys.stdout.buffer, f"[{rank}]<stdout>:".encode(), stdout_copy, lock_out),
         _Pump(child.stderr, sys.stderr.buffer, f"[{rank}]<stderr>:".encode(), stderr_copy, lock_err,
               echo_line=f"{MARKER}{os.environ.get(TOKEN_ENV, '')} {ECHO_EVENT}".encode(),
-              hide=TensorFlowStartupFilter() if quiet_tf_startup and rank != 0 else None),
+              hide=TensorFlowStartupFilter() if quiet_tf_startup and (rank != 0 or on_rank_zero_too) else None),
     ]
     for pump in pumps:
         pump.start()

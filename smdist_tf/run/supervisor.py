@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO
 
+from smdist_tf.run.exit_banner import ExitBannerFilter
 from smdist_tf.run.rank_agent import MARKER, parent_death_signal
 
 STOP_GRACE_S = 5.0  # after SIGTERM, how long mpirun gets before SIGKILL
@@ -79,11 +80,14 @@ class Supervisor:
         token: the launch token the rank agents put in their markers.
         start_timeout: seconds for all ranks to report their start.
         stdout, stderr: where the ranks' (tagged) output goes; ours by default.
+        quiet_exit_banner: leave out mpirun's own banner about a rank that exited non-zero
+            (exit_banner.py): the launcher says it in one line.
     """
 
     def __init__(self, command: list[str], env: dict[str, str], np: int, token: str, start_timeout: float,
-                 stdout: IO | None = None, stderr: IO | None = None):
+                 stdout: IO | None = None, stderr: IO | None = None, quiet_exit_banner: bool = False):
         self.command, self.env, self.np, self.start_timeout = command, env, np, start_timeout
+        self.quiet_exit_banner = quiet_exit_banner
         self.prefix = f"{MARKER}{token} ".encode()
         self.stdout, self.stderr = stdout or sys.stdout, stderr or sys.stderr
         self.events: queue.Queue = queue.Queue()
@@ -91,11 +95,15 @@ class Supervisor:
         self.proc: subprocess.Popen | None = None
 
     def _pump(self, pipe: IO[bytes], stream: IO) -> None:
+        banner = ExitBannerFilter() if self.quiet_exit_banner else None
         for line in iter(pipe.readline, b""):
             if line.startswith(self.prefix):
                 self.events.put(line[len(self.prefix):].decode(errors="replace").split())
             else:
-                _write(stream, line)
+                for kept in (banner.feed(line) if banner else [line]):
+                    _write(stream, kept)
+        for kept in (banner.flush() if banner else []):
+            _write(stream, kept)
 
     def interrupt(self, signum: int) -> None:
         """Asks the job to stop (safe to call from a signal handler)."""
@@ -164,8 +172,10 @@ class Supervisor:
                 stopping = True
                 threading.Thread(target=self._terminate, daemon=True).start()
 
-        for pump in pumps:
+        for pump, pipe in zip(pumps, (self.proc.stdout, self.proc.stderr)):
             pump.join(timeout=5.0)  # a remote shell may keep a pipe open a moment longer
+            if not pump.is_alive():
+                pipe.close()  # else the pump still reads it, and it is closed with the process object
         while not self.events.empty():
             self._record(self.events.get_nowait(), outcome)
         outcome.exit_code = self._exit_code(outcome, self.proc.returncode)

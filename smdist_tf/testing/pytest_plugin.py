@@ -39,10 +39,10 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     env = dict(marker.kwargs.get("env") or {})
     nodeid = pyfuncitem.nodeid
     rootdir = str(pyfuncitem.config.rootpath)
-    outcomes, job_error = job.run_on_ranks(_run_item_on_rank, (rootdir, nodeid, timeout, startup_timeout), [nodeid],
-                                           np, timeout, env)
-    outcome = outcomes[nodeid]
-    message = rank_results.failure_message(nodeid, outcome, np, timeout, job_error)
+    result = job.run_on_ranks(_run_item_on_rank, (rootdir, nodeid, timeout, startup_timeout), [nodeid], np, timeout,
+                              env)
+    outcome = result.outcomes[nodeid]
+    message = rank_results.failure_message(nodeid, outcome, np, timeout, result.error, result.output)
     if message:
         pytest.fail(message, pytrace=False)
     if outcome.skipped and not outcome.passed:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,12 +70,38 @@ def read_outcomes(results_dir: str, np: int, tests: list[str]) -> dict[str, Test
     return outcomes
 
 
-def failure_message(test: str, outcome: TestOutcome, np: int, timeout: float, job_error: str) -> str | None:
-    """Why ``test`` failed on the ranks, or None when it passed (or was skipped) on all of them."""
+# faulthandler's first line when the watchdog ends a rank (job.arm_watchdog).
+_WATCHDOG = re.compile(r"^Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!")
+_STACK_LINES = 60
+
+
+def rank_stacks(output: str, rank: int) -> str:
+    """The stacks rank ``rank`` printed when its watchdog ended it (its tagged stderr from there), or ""."""
+    tag = f"[{rank}]<stderr>:"
+    lines = [line[len(tag):] for line in output.splitlines() if line.startswith(tag)]
+    starts = [i for i, line in enumerate(lines) if _WATCHDOG.match(line)]
+    if not starts:
+        return ""
+    stack = lines[starts[-1]:]
+    if len(stack) > _STACK_LINES:
+        stack = stack[:_STACK_LINES] + [f"... ({len(stack) - _STACK_LINES} more lines in the ranks' output)"]
+    return "\n".join(stack)
+
+
+def failure_message(test: str, outcome: TestOutcome, np: int, timeout: float, job_error: str,
+                    output: str = "") -> str | None:
+    """Why ``test`` failed on the ranks, or None when it passed (or was skipped) on all of them.
+
+    ``output``: the job's tagged output, where the stacks of ranks that did not finish are.
+    """
     parts = [f"rank {r} of {np}:\n{tb.rstrip()}" for r, tb in sorted(outcome.failures.items())]
     if outcome.unfinished:
         parts.append(f"did not finish on rank(s) {', '.join(map(str, outcome.unfinished))} of {np} "
-                     f"within {timeout:g} s (timed out or crashed; the ranks' output above shows where)")
+                     f"within {timeout:g} s (timed out or crashed)")
+        for r in outcome.unfinished:
+            stack = rank_stacks(output, r)
+            parts.append(f"rank {r}'s stacks when it was stopped:\n{stack}" if stack else
+                         f"rank {r} printed no stacks (it crashed, or was killed before its watchdog fired)")
     if outcome.missing and not outcome.unfinished and not outcome.failures:
         parts.append(f"never ran on rank(s) {', '.join(map(str, outcome.missing))} of {np}: "
                      f"{job_error or 'the job ended first'}")

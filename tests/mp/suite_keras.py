@@ -237,9 +237,8 @@ class DistributedOptimizerTest(SyncAssertions):
             sk.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=0)
         with self.assertRaisesRegex(ValueError, "Average or op=Sum"):
             sk.DistributedOptimizer(keras.optimizers.SGD(), op=sd.Max)
-        if SIZE > 1:
-            with STRATEGY.scope(), self.assertRaisesRegex(ValueError, "inside a tf.distribute strategy"):
-                sk.DistributedOptimizer(keras.optimizers.SGD())
+        with STRATEGY.scope(), self.assertRaisesRegex(ValueError, "inside a tf.distribute strategy"):
+            sk.DistributedOptimizer(keras.optimizers.SGD())
         self.assert_engine_healthy()
 
     def test_horovod_style_fit_equals_single_process(self):

@@ -169,6 +169,63 @@ class CollectivesTest(CompatTest):
             hvd.broadcast_global_variables(0, mlp(seed=1, built=False))
 
 
+class HorovodKerasNamesTest(CompatTest):
+    """Horovod's spellings that scripts and Horovod's own tests use (issue 40 item 2)."""
+
+    lr = 0.5
+
+    def test_broadcast_callback_keeps_local_variables(self):
+        model = mlp(seed=70 + RANK)  # different weights on every rank
+        kernel = model.get_layer("first").kernel
+        callback = hvd.callbacks.BroadcastGlobalVariablesCallback(0, device="", local_variables=kernel)
+        callback.set_model(model)
+        mine = kernel.numpy()
+        callback.on_train_begin()
+        self.assertAllEqual(kernel.numpy(), mine)  # kept
+        self.assert_identical_on_all_ranks(flat([model.get_layer("second").kernel.numpy()]))
+        with self.assertRaisesRegex(ValueError, "every local variable must be"):
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=["first/kernel"])
+
+    def test_metric_average_callback_takes_horovods_device_argument(self):
+        logs = {"loss": float(RANK)}
+        hvd.callbacks.MetricAverageCallback(device="").on_epoch_end(0, logs)
+        self.assertAllClose(logs["loss"], (SIZE - 1) / 2)
+
+    def test_compute_gradients_returns_reduced_pairs_that_apply_once(self):
+        for op in (sd.Average, sd.Sum):
+            model = mlp(seed=71)  # the same start on every rank
+            optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(self.lr), op=op)
+            x, y = batch(seed=300 + RANK)
+            before = [v.numpy() for v in model.trainable_variables]
+            reduce = np.mean if op == sd.Average else np.sum
+            want = [reduce(g, axis=0) for g in zip(*everyone(local_gradients(model, x, y)))]
+
+            def loss():
+                return keras.losses.MeanSquaredError()(y, model(x, training=True))
+
+            pairs = optimizer._compute_gradients(loss, model.trainable_variables)
+            for (g, v), w, var in zip(pairs, want, model.trainable_variables):
+                self.assertIs(v, var)
+                self.assertAllClose(g, w, rtol=1e-5, atol=1e-6)
+            optimizer.apply_gradients(pairs)  # not reduced a second time (op=Sum would show it)
+            for v, b, w in zip(model.trainable_variables, before, want):
+                self.assertAllClose(v.numpy(), b - self.lr * w, rtol=1e-5, atol=1e-6)
+            with tf.GradientTape() as tape:  # a loss tensor with the tape that recorded it
+                value = loss()
+            pairs = optimizer._compute_gradients(value, model.trainable_variables, tape=tape)
+            self.assertLen(pairs, len(model.trainable_variables))
+            with self.assertRaisesRegex(ValueError, "needs the `tape`"):
+                optimizer._compute_gradients(value, model.trainable_variables)
+
+    def test_best_model_checkpoint_takes_horovods_save_weights_only(self):
+        callback = hvd.callbacks.BestModelCheckpoint("loss", 0, True, "min")
+        self.assertTrue(callback.save_weights_only)
+        callback.filepath = os.path.join(shared_dir(self), "best.keras")
+        callback.set_model(mlp(seed=72))
+        with self.assertRaisesRegex(ValueError, "must end in .weights.h5"):
+            callback.on_train_begin()
+
+
 class PartialDistributedOptimizerTest(CompatTest):
     lr = 0.5
 
