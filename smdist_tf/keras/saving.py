@@ -44,6 +44,7 @@ def load_model(
     custom_optimizers: Optional[Sequence[type]] = None,
     custom_objects: Optional[dict[str, Any]] = None,
     compression: type[Compressor] = Compression.none,
+    partial_distributed_optimizer: bool = False,
 ) -> keras.Model:
     """Loads a saved Keras model with its optimizer wrapped in :func:`DistributedOptimizer`.
 
@@ -60,6 +61,9 @@ def load_model(
         custom_objects: other classes and functions the file needs. As in Horovod, an
             optimizer named here is loaded as given, not wrapped.
         compression: the wrapped optimizer's ``compression``.
+        partial_distributed_optimizer: Horovod's switch to wrap in ``PartialDistributedOptimizer``
+            instead. Ours are one: the wrapped optimizer takes ``register_local_var`` either way,
+            and a file holds no local layers, so both load the same.
 
     Returns:
         The model, compiled as it was saved.
