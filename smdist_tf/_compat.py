@@ -6,10 +6,6 @@ strategy), validation, and only then the callbacks' ``on_epoch_end``. A rank tha
 out of data must ``join()`` right there (smdist_tf/keras/uneven_data.py), so this
 module patches ``keras.Model``. Each reach, and the Keras 3.15 behaviour it relies on:
 
-* ``keras.Model.compile`` is wrapped (public, monkeypatched, Keras 3 only) once a Keras 3
-  ``DistributedOptimizer`` is made: it drops ``experimental_run_tf_function``, the Keras 2
-  argument Horovod's examples pass and Keras 3 refuses, with one warning
-  (smdist_tf/keras/keras2_arguments.py).
 * ``keras.Model.fit`` and ``keras.Model.evaluate`` are wrapped (public methods,
   monkeypatched): ``fit`` so its ``callbacks`` argument gets one more callback, both so
   the hook below knows which loop just ended.
@@ -170,20 +166,6 @@ def hook_training_loops(cls: type, prepare_fit: PrepareFit, loop_end: LoopEnd) -
 
     cls.fit, cls.evaluate = fit, evaluate
     setattr(cls, metrics_read, get_metrics_result_or_logs)
-
-
-def drop_compile_arguments(cls: type, dropped: dict[str, str], warn: Callable[[str], None]) -> None:
-    """Patches ``cls.compile`` to drop the keyword arguments in ``dropped``, calling ``warn(dropped[name])``."""
-    keras_compile = cls.compile
-
-    @functools.wraps(keras_compile)
-    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
-        for name in [n for n in dropped if n in kwargs]:
-            kwargs.pop(name)
-            warn(dropped[name])
-        return keras_compile(self, *args, **kwargs)
-
-    cls.compile = compile
 
 
 # SyncBatchNormalization (smdist_tf/sync_batch_norm.py) overrides

@@ -164,21 +164,6 @@ class InstalledHooksTest(tf.test.TestCase):
         self.assertEqual(len(history.history["loss"]), 2)
         self.assertEqual(events.count("train_batch 1"), 2)
 
-    def test_compile_drops_horovods_keras_2_argument_with_one_warning(self):
-        sk.DistributedOptimizer(keras.optimizers.SGD(0.1))  # installs it
-        self.assertIsNot(keras.Model.compile, inspect.unwrap(keras.Model.compile))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for _ in range(2):
-                model = compiled()
-                model.compile(optimizer=sk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
-                              experimental_run_tf_function=False)
-        self.assertTrue(model.compiled)
-        messages = [str(w.message) for w in caught if "experimental_run_tf_function" in str(w.message)]
-        self.assertLen(messages, 1)
-        with self.assertRaises(TypeError):  # any other unknown argument is still Keras' error
-            compiled().compile(optimizer="sgd", loss="mse", no_such_argument=1)
-
     def test_plain_keras_fit_and_evaluate_work_once_the_engine_is_down(self):
         # The hooks see every model: they must not need a running engine.
         code = (

@@ -1,9 +1,9 @@
 """Horovod's Keras synthetic benchmark, as Horovod users write it, with only the import changed.
 
 Keras `fit` on random images with `hvd.DistributedOptimizer`, rank 0's weights broadcast by
-a callback, throughput timed by a callback, and the Keras 2 argument Horovod's example passes to
-`compile` (`experimental_run_tf_function=False`), which smdist_tf drops with one warning. A small
-convolutional model by default (`--model ResNet50` takes Keras' application, untrained). Run with:
+a callback, throughput timed by a callback. The one Keras 3 change Horovod's example needs is marked:
+`compile` no longer takes `experimental_run_tf_function`. A small convolutional model by default
+(`--model ResNet50` takes Keras' application, untrained). Run with:
 
     smdistrun -np 2 python examples/horovod_compat/tensorflow2_keras_synthetic_benchmark.py
 """
@@ -43,8 +43,9 @@ else:
 opt = keras.optimizers.SGD(0.01)
 compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
 opt = hvd.DistributedOptimizer(opt, compression=compression)
-model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=opt,
-              experimental_run_tf_function=False)  # Keras 2's argument, as in Horovod's example
+# Horovod's example also passes experimental_run_tf_function=False, a Keras 2 argument Keras 3 refuses
+# (docs/migrate-from-horovod.md): the one line a Horovod user changes here.
+model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=opt)
 
 data = tf.random.uniform([args.batch_size, *shape], seed=hvd.rank())
 target = tf.random.uniform([args.batch_size, 1], minval=0, maxval=classes, dtype=tf.int64, seed=hvd.rank())

@@ -15,7 +15,6 @@ from smdist_tf.compression import Compression, Compressor
 from smdist_tf.distribute.strategy import DataParallelStrategy
 from smdist_tf.gradient_tape import DistributedGradientTape
 from smdist_tf.keras.gradient_reduction import GradientReduction, distributed_class, reduction_settings
-from smdist_tf.keras.keras2_arguments import install_keras2_compile_arguments
 from smdist_tf.keras.loss_scale import install_finite_agreement
 from smdist_tf.keras.uneven_data import install_uneven_data_support
 from smdist_tf.keras_api import is_tf_keras_class, is_tf_keras_object, uses_tf_keras
@@ -190,7 +189,6 @@ def DistributedOptimizer(
                          "accumulate gradients in your own loop, or use Keras 3")
     if not keras_2:
         install_finite_agreement()  # Keras 2's LossScaleOptimizer checks the reduced gradients already
-        install_keras2_compile_arguments()  # Horovod's examples compile with Keras 2 arguments
     install_uneven_data_support()
     config = optimizer.get_config()
     if name is not None:
