@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     )},
     "Compression": "smdist_tf.compression",
     "DistributedGradientTape": "smdist_tf.gradient_tape",
+    "GradientReducer": "smdist_tf.gradient_reducer",
     "PartialDistributedGradientTape": "smdist_tf.gradient_tape",
     "allgather_object": "smdist_tf.objects",
     "broadcast_object": "smdist_tf.objects",
@@ -46,10 +47,11 @@ _EXPORTS: dict[str, str] = {
     **{name: "smdist_tf.reduce_ops" for name in ("Adasum", "Average", "Max", "Min", "Product", "Sum")},
     **{name: "smdist_tf.runtime" for name in (
         "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "engine_config", "get_build_info",
-        "gloo_built", "gloo_enabled", "init", "is_homogeneous", "is_initialized", "local_rank", "local_size",
+        "gloo_built", "gloo_enabled", "is_homogeneous", "is_initialized", "local_rank", "local_size",
         "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built", "shutdown", "size",
         "start_timeline", "stop_timeline",
     )},
+    "init": "smdist_tf.initialization",
     **{name: "smdist_tf.process_sets" for name in (
         "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
     )},

@@ -1,6 +1,6 @@
-"""Every reach of smdist_tf's uneven-data support into Keras internals, in one place.
+"""Every reach of smdist_tf into TensorFlow's and Keras' private internals, in one place.
 
-Keras 3 gives ``fit`` no public hook between the last training step of an epoch and
+The uneven-data support's first. Keras 3 gives ``fit`` no public hook between the last training step of an epoch and
 the work that follows it: reading the metrics (collectives under a ``tf.distribute``
 strategy), validation, and only then the callbacks' ``on_epoch_end``. A rank that ran
 out of data must ``join()`` right there (smdist_tf/keras/uneven_data.py), so this
@@ -25,29 +25,61 @@ module patches ``keras.Model``. Each reach, and the Keras 3.15 behaviour it reli
 
 The other reaches, by the module that makes them:
 
-* SyncBatchNormalization, object collectives: below, with the functions that make them.
-* DataParallelStrategy (smdist_tf/distribute/) extends ``tf.distribute``'s mirrored
-  strategy with one replica per process: the internal names in ``_INTERNALS`` below
-  (``MirroredExtended`` and the values, input and regrouping helpers it works with),
-  and it overrides ``MirroredExtended._create_variable`` and
-  ``MirroredExtended._get_variable_creator_initial_value`` and calls
-  ``DistributedVariable._get_replica``.
+* SyncBatchNormalization (smdist_tf/sync_batch_norm.py), object collectives
+  (smdist_tf/objects.py): below, with the functions that make them.
+* Collectives (smdist_tf/collectives.py) read ``tf.Graph.experimental_acd_manager`` (set on
+  every graph: TF's ``AutomaticControlDependencies`` while a ``tf.function`` traces, else
+  None) and call its ``run_independently(op)`` on each collective op, which lets a step's
+  collectives run, and fuse, as their inputs get ready (without it: one at a time).
+* DataParallelStrategy (smdist_tf/distribute/strategy.py) subclasses
+  ``tf.distribute.MultiWorkerMirroredStrategy`` without running its ``__init__`` (it calls
+  ``tf.distribute.Strategy.__init__``), so Keras treats it as multi-worker.
+* DataParallelExtended (smdist_tf/distribute/extended.py) subclasses ``MirroredExtended``
+  (the names in ``_INTERNALS`` below are the values, input and regrouping helpers it works
+  with). It overrides ``_num_replicas_in_sync`` (a property), ``_get_replica_id_in_sync_group``,
+  ``_get_local_replica_id``, ``_in_multi_worker_mode``, ``_use_merge_call``,
+  ``_get_cross_device_ops``, ``_create_variable``, ``_get_variable_creator_initial_value``,
+  ``_experimental_distribute_dataset``, ``_distribute_datasets_from_function``,
+  ``_experimental_distribute_values_from_function``, ``_reduce_to``, ``_batch_reduce_to``,
+  ``_gather_to_implementation``, ``_replica_ctx_all_reduce`` and ``_replica_ctx_update``;
+  sets ``_collective_ops`` and ``_cluster_resolver``; reads ``_cross_device_ops``; calls
+  ``_container_strategy()``, ``_input_workers_with_options(options)`` and
+  ``DistributedVariable._get_replica(0)``.
+* SmdistCrossDeviceOps (smdist_tf/distribute/cross_device_ops.py) overrides
+  ``CrossDeviceOps._num_between_graph_workers`` (a property), ``_gather_implementation`` and
+  ``_all_reduce``, and reads ``CommunicationOptions.bytes_per_pack``.
 * PipelineModel (smdist_tf/pipeline/) streams ``.weights.h5`` checkpoints through Keras'
-  saving internals (``H5IOStore``, ``save_state`` below; ``H5IOStore._h5_entry_group``),
-  keeps a stage's variables deferred (``keras.Variable._value``, ``._initializer``,
-  ``._dtype``, ``._deferred_initialize()``, ``._initialize()``, and Keras' global
-  ``uninitialized_variables`` list), and walks functional graphs
-  (``Functional._nodes_by_depth``, ``Layer._flatten_layers()``, ``Layer._get_own_losses()``).
+  saving internals (``save_state`` below; ``H5IOStore``: ``get``, ``in``, ``[]``, ``close``
+  and ``_h5_entry_group``, and a subclass that skips its ``__init__``, sets ``mode`` and
+  overrides ``make``, ``__setitem__``, ``close`` and ``__bool__``), keeps a stage's
+  variables deferred (``keras.Variable._value``, ``._initializer``, ``._dtype``,
+  ``._deferred_initialize()``, ``._initialize()``, and Keras' global
+  ``uninitialized_variables`` list), walks functional graphs (``Functional`` below,
+  ``Sequential._functional``, ``Functional._nodes_by_depth`` and its nodes' ``operation``,
+  ``is_input``, ``input_tensors``, ``outputs`` and ``arguments.fill_in()``,
+  ``Layer._call_has_training_arg``, ``Layer._flatten_layers()``,
+  ``Layer._get_own_losses()``), and updates ``Model._loss_tracker`` (the ``loss`` metric).
 * ``smdist_tf.keras.callbacks.ModelCheckpoint`` (smdist_tf/keras/callbacks.py) overrides
-  ``keras.callbacks.ModelCheckpoint._save_model``.
-* Optimizer-state sharding (smdist_tf/sharding/) wraps ``keras.optimizers.Optimizer.__init__``
-  (public, monkeypatched) and puts a mixin in front of an optimizer's class (assigning
-  ``__class__``) that overrides Keras' ``_clip_gradients``, ``_backend_update_step``,
-  ``_backend_apply_gradients`` and TensorFlow's ``Trackable._trackable_children``, replaces
-  ``TFOptimizer._all_reduce_sum_gradients``, and uses ``_var_key``,
-  ``_trainable_variables_indices``, ``_accumulated_gradients``, ``_iterations``,
-  ``_apply_weight_decay``, ``_backend_increment_gradient_accumulators``,
-  ``_backend_reset_gradient_accumulators`` and ``_distribution_strategy``.
+  ``ModelCheckpoint._save_model`` (``keras.callbacks``' and ``tf_keras.callbacks``').
+* The Keras 3 ``DistributedOptimizer`` (smdist_tf/keras/optimizer.py) reads
+  ``Optimizer._trainable_variables`` and calls ``Optimizer._get_variable_index(variable)``;
+  the Keras 2 one (smdist_tf/keras/tf_keras_optimizer.py) overrides
+  ``tf_keras.optimizers.legacy.Optimizer._aggregate_gradients``.
+* Global patches of public methods (smdist_tf/keras/patches.py): besides the training
+  loops above, ``keras.optimizers.LossScaleOptimizer.check_finite`` (keras/loss_scale.py),
+  ``keras.Model.predict_on_batch`` (keras/predict_on_batch.py) and
+  ``keras.optimizers.Optimizer.__init__`` (sharding/strategy_hook.py, which reads the new
+  optimizer's ``_distribution_strategy``).
+* Optimizer-state sharding (smdist_tf/sharding/) puts a mixin in front of an optimizer's
+  class (assigning ``__class__``) that overrides Keras' ``_clip_gradients``,
+  ``_backend_update_step``, ``_backend_apply_gradients`` and TensorFlow's
+  ``Trackable._trackable_children``, replaces ``TFOptimizer._all_reduce_sum_gradients``, and
+  uses ``_var_key``, ``_get_variable_index``, ``_trainable_variables_indices``,
+  ``_accumulated_gradients``, ``_iterations``, ``_apply_weight_decay``,
+  ``_backend_increment_gradient_accumulators``, ``_backend_reset_gradient_accumulators``
+  and ``_distribution_strategy``.
+* ``smdist_tf.testing.DistributedTestCase`` (a ``tf.test.TestCase``) reads unittest's
+  ``TestCase._testMethodName``.
 
 tests/test_compat.py checks each of these against the installed TensorFlow and Keras,
 and that no other module reaches into ``keras.src`` or ``tensorflow.python``, so an
@@ -76,6 +108,7 @@ _INTERNALS = {
                                                "get_distributed_datasets_from_function"),
     "MirroredExtended": ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended"),
     "CheckpointInitialValue": ("tensorflow.python.trackable.base", "CheckpointInitialValue"),
+    "Functional": ("keras.src.models.functional", "Functional"),
     "H5IOStore": ("keras.src.saving.saving_lib", "H5IOStore"),
     "save_state": ("keras.src.saving.saving_lib", "_save_state"),
     "get_global_attribute": ("keras.src.backend.common.global_state", "get_global_attribute"),
@@ -113,7 +146,9 @@ def append_callback(callback_list: Any, callback: Any) -> None:
     kept = [c for c in callback_list.callbacks if not isinstance(c, type(callback))]
     callback_list.callbacks = kept + [callback]
     callback.set_params(getattr(callback_list, "params", {}))  # a Keras 2 list made without any has none
-    if hasattr(callback_list, "_should_call_train_batch_hooks"):  # Keras 2
+    # A version switch, not a fallback: Keras 2's CallbackList has it, Keras 3's has none
+    # (tests/test_compat.py checks both).
+    if hasattr(callback_list, "_should_call_train_batch_hooks"):
         callback_list._should_call_train_batch_hooks = True
 
 

@@ -83,7 +83,9 @@ def _unordered(result: Any) -> Any:
     if tf.executing_eagerly():
         return result
     first = result[0] if isinstance(result, (list, tuple)) else result
-    manager = getattr(first.graph, "experimental_acd_manager", None)  # set while tf.function traces
+    # Every tf.Graph has it (listed in smdist_tf/_compat.py): the AutomaticControlDependencies
+    # context while tf.function traces, else None (a tf.compat.v1 graph).
+    manager = first.graph.experimental_acd_manager
     if manager is not None:
         manager.run_independently(first.op)
     return result

@@ -14,7 +14,7 @@ or ``init(process_sets="dynamic")``). A disagreement fails on every rank.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from smdist_tf._native import runtime as _rt
 
@@ -88,12 +88,13 @@ def _dynamic_requested() -> bool:
     return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in _DYNAMIC_VARIABLES)
 
 
-def setup(process_sets: Union[None, str, Sequence[ProcessSet]]) -> None:
+def setup(process_sets: Union[None, str, Sequence[ProcessSet]], allgather_ranks: Callable[[list], list]) -> None:
     """Registers ``init()``'s static sets, in order, and fills in the global set (internal).
 
     Sets made from communicators may differ per rank (each rank passes its own
     group's communicator): every rank's are gathered and registered in order of
-    their lowest rank, so all ranks register the same sets.
+    their lowest rank, so all ranks register the same sets; ``allgather_ranks`` gathers
+    every rank's list (a collective, passed in because collectives sit above this module).
     """
     global _dynamic
     if isinstance(process_sets, str):
@@ -113,9 +114,7 @@ def setup(process_sets: Union[None, str, Sequence[ProcessSet]]) -> None:
             raise ValueError(f"init(process_sets=...) takes ProcessSet objects, got {ps!r}")
     from_comms = [ps for ps in sets if ps.mpi_comm is not None]
     if from_comms:
-        from smdist_tf.objects import allgather_object  # TensorFlow only for this case
-
-        everyone = allgather_object([ps.ranks for ps in from_comms])
+        everyone = allgather_ranks([ps.ranks for ps in from_comms])
         union = sorted({tuple(r) for lists in everyone for r in lists}, key=lambda r: (r[0], r))
         for ranks in union:
             _register(ProcessSet(list(ranks)))

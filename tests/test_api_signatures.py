@@ -175,7 +175,7 @@ SIGNATURES = checked_signatures()
 def test_the_page_shows_the_main_signatures():
     names = {sig.name.removeprefix("sd.").removeprefix("smdist_tf.") for sig, _ in SIGNATURES}
     for name in ("init", "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
-                 "barrier", "DistributedGradientTape", "broadcast_object", "run", "DataParallelStrategy",
+                 "barrier", "DistributedGradientTape", "GradientReducer", "broadcast_object", "run", "DataParallelStrategy",
                  "keras.PipelineModel", "start_timeline"):
         assert name in names, f"docs/api.md shows no signature of {name}"
 

@@ -7,9 +7,11 @@ letting uneven data hang a multi-rank job.
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import warnings
 
 import keras
@@ -318,3 +320,350 @@ class TfKerasReachesTest(tf.test.TestCase):
                                "loop_end fit state", "test_begin", "test_batch 0", "loop_end evaluate None",
                                f"epoch_end {e}"]
         self.assertEqual(events, ["prepare_fit 0 callbacks", *per_epoch(0), *per_epoch(1)])
+
+
+# --- The whole inventory: every private TF/Keras name smdist_tf touches ---------------------------------------------
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and not name.startswith("_smdist")
+
+
+def _params(member) -> list:
+    return list(inspect.signature(member.fget if isinstance(member, property) else member).parameters)
+
+
+def _touched_private_names() -> dict:
+    """Private names read, called or written on objects smdist_tf does not define, found in its source.
+
+    A name counts as smdist_tf's own when some module of it defines it (``def``, a class, or
+    ``self._name = ...``); overridden methods are checked by ``test_overrides...`` below.
+    """
+    import ast
+
+    trees = {path: ast.parse(path.read_text()) for path in sorted((ROOT / "smdist_tf").rglob("*.py"))}
+    defined = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                        if isinstance(t, ast.Name):
+                            defined.add(t.id)
+                        elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in ("self", "cls"):
+                            defined.add(t.attr)
+    found: dict = {}
+    for path, tree in trees.items():
+        modules = {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                   for a in n.names}
+        for node in ast.walk(tree):
+            name = None
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                if not (isinstance(node.value, ast.Name) and node.value.id in modules):  # a module's own name
+                    name = node.attr
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) > 1
+                  and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+                  and _private(node.args[1].value)):
+                name = node.args[1].value
+            if name is not None and name not in defined:
+                found.setdefault(name, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def _inventory() -> str:
+    """smdist_tf/_compat.py's inventory: its docstring and the comments by its functions."""
+    comments = "\n".join(line for line in inspect.getsource(_compat).splitlines() if line.lstrip().startswith("#"))
+    return _compat.__doc__ + "\n" + comments
+
+
+def _listed(name: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(name)}\b", _inventory().replace(".", " ")) is not None
+
+
+def _overrides() -> list:
+    """(smdist_tf class, the TF/Keras class it derives from, a fresh instance of that class or None,
+    the private methods and properties it overrides, the private attributes it sets on the TF/Keras object)."""
+    from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps
+    from smdist_tf.distribute.extended import DataParallelExtended
+    from smdist_tf.distribute.strategy import DataParallelStrategy
+    from smdist_tf.elastic import callbacks as elastic_callbacks
+    from smdist_tf.keras import callbacks as keras_callbacks
+    from smdist_tf.keras.checkpoint_callbacks import BestModelCheckpoint
+    from smdist_tf.keras.schedule_callbacks import LearningRateScheduleCallback
+    from smdist_tf.pipeline.model import PipelineModel, _FunctionLoss
+    from smdist_tf.pipeline.weights import NotHeld, _RecordingStore
+    from smdist_tf.sharding.optimizer import sharded_class
+    from smdist_tf.sync_batch_norm import SyncBatchNormalization
+
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0"])
+    callback = keras.callbacks.Callback()
+    checkpoint = keras.callbacks.ModelCheckpoint("unused.keras")
+    adam = keras.optimizers.Adam()
+    adam.build([keras.Variable(np.zeros(2, np.float32))])
+    return [
+        (DataParallelExtended, _compat.MirroredExtended, mirrored.extended,
+         {"_num_replicas_in_sync", "_get_replica_id_in_sync_group", "_get_local_replica_id", "_in_multi_worker_mode",
+          "_use_merge_call", "_get_cross_device_ops", "_create_variable", "_get_variable_creator_initial_value",
+          "_experimental_distribute_dataset", "_distribute_datasets_from_function",
+          "_experimental_distribute_values_from_function", "_reduce_to", "_batch_reduce_to",
+          "_gather_to_implementation", "_replica_ctx_all_reduce", "_replica_ctx_update"},
+         {"_collective_ops", "_cluster_resolver"}),
+        (SmdistCrossDeviceOps, tf.distribute.CrossDeviceOps, tf.distribute.ReductionToOneDevice(),
+         {"_num_between_graph_workers", "_gather_implementation", "_all_reduce"}, set()),
+        (DataParallelStrategy, tf.distribute.MultiWorkerMirroredStrategy, mirrored, set(), set()),
+        (SyncBatchNormalization, keras.layers.BatchNormalization, keras.layers.BatchNormalization(), {"_moments"}, set()),
+        (PipelineModel, keras.Model, compiled(), set(), set()),
+        (_FunctionLoss, keras.losses.Loss, keras.losses.MeanSquaredError(), set(), set()),
+        (NotHeld, keras.initializers.Initializer, keras.initializers.Zeros(), set(), set()),
+        (_RecordingStore, _compat.H5IOStore, None, set(), set()),
+        (keras_callbacks.ModelCheckpoint, keras.callbacks.ModelCheckpoint, checkpoint, {"_save_model"}, set()),
+        (BestModelCheckpoint, keras.callbacks.ModelCheckpoint, checkpoint, set(), set()),
+        (keras_callbacks.BroadcastGlobalVariablesCallback, keras.callbacks.Callback, callback, set(), set()),
+        (keras_callbacks.MetricAverageCallback, keras.callbacks.Callback, callback, set(), set()),
+        (keras_callbacks.LearningRateWarmupCallback, keras.callbacks.Callback, callback, set(), set()),
+        (LearningRateScheduleCallback, keras.callbacks.Callback, callback, set(), set()),
+        (elastic_callbacks.CommitStateCallback, keras.callbacks.Callback, callback, set(), set()),
+        (elastic_callbacks.UpdateBatchStateCallback, keras.callbacks.Callback, callback, set(), set()),
+        (elastic_callbacks.UpdateEpochStateCallback, keras.callbacks.Callback, callback, set(), set()),
+        (sharded_class(keras.optimizers.Adam), keras.optimizers.Adam, adam,
+         {"_clip_gradients", "_all_reduce_sum_gradients", "_backend_update_step", "_backend_apply_gradients",
+          "_trackable_children"}, set()),
+        (type(sk.DistributedOptimizer(keras.optimizers.Adam())), keras.optimizers.Adam, adam, set(), set()),
+    ]
+
+
+def _own_classes(cls: type, base: type) -> list:
+    """The classes smdist_tf put in ``cls``'s MRO in front of ``base``'s."""
+    return [k for k in cls.__mro__ if k not in base.__mro__ and k.__module__.startswith("smdist_tf")]
+
+
+def _assigned_private_attributes(cls: type, base: type) -> set:
+    """``self._name = ...`` in the source of smdist_tf's classes of ``cls``."""
+    import ast
+    import textwrap
+
+    names = set()
+    for klass in _own_classes(cls, base):
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(klass)))):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
+                                and _private(t.attr):
+                            names.add(t.attr)
+    return names
+
+
+class PrivateNameInventoryTest(tf.test.TestCase):
+    """Every private TF/Keras name smdist_tf touches is in _compat.py's inventory, and the installed versions have it."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        sd.init()  # DistributedOptimizer
+
+    def test_every_private_name_the_package_touches_is_listed(self):
+        touched = _touched_private_names()
+        self.assertIn("_loss_tracker", touched)  # the scan sees reads (pipeline/model.py)
+        for name, places in sorted(touched.items()):
+            self.assertTrue(_listed(name), f"{name} ({', '.join(places)}) is missing from smdist_tf/_compat.py's inventory")
+
+    def test_every_listed_private_name_is_checked_here(self):
+        listed = {n for n in re.findall(r"(?<![\w])_[A-Za-z]\w*", _inventory()) if _private(n)}
+        self.assertIn("_get_variable_index", listed)
+        self.assertIn("_reduction_axes", listed)
+        source = open(__file__).read()
+        for name in sorted(listed):
+            self.assertRegex(source, rf"\b{name}\b", f"smdist_tf/_compat.py lists {name}; check it in this file")
+
+    def test_no_silent_fallback_on_an_internal_name(self):
+        """``getattr(obj, "_name", default)`` or ``hasattr(obj, "_name")`` would hide a name an upgrade moved."""
+        import ast
+
+        # Deliberate switches, each documented where it is made.
+        switches = {
+            ("smdist_tf/_compat.py", "_should_call_train_batch_hooks"),  # Keras 2's CallbackList has it, Keras 3's not
+            ("smdist_tf/testing/test_case.py", "_testMethodName"),  # unittest's _ErrorHolder (setUpClass) has none
+        }
+        internal = {"experimental_acd_manager"}  # TF internals without an underscore
+        fallbacks = []
+        for path in sorted((ROOT / "smdist_tf").rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                        and (node.func.id == "hasattr" or (node.func.id == "getattr" and len(node.args) == 3))
+                        and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+                    name, where = node.args[1].value, str(path.relative_to(ROOT))
+                    if (_private(name) or name in internal) and (where, name) not in switches:
+                        fallbacks.append(f"{where}:{node.lineno}: {node.func.id}(..., {name!r})")
+        self.assertEqual(fallbacks, [], "read TF/Keras internals directly, so a moved one raises")
+
+    def test_overrides_match_the_base_method_and_nothing_is_overridden_unknowingly(self):
+        for cls, base, base_instance, overridden, written in _overrides():
+            with self.subTest(cls=cls.__qualname__):
+                own = {n for k in _own_classes(cls, base) for n in vars(k) if _private(n)}
+                self.assertEqual({n for n in own if hasattr(base, n)}, overridden,
+                                 f"{cls.__qualname__}: private members that override {base.__qualname__}'s")
+                for name in sorted(overridden):
+                    ours, theirs = inspect.getattr_static(cls, name), inspect.getattr_static(base, name)
+                    self.assertEqual(type(ours), type(theirs), f"{base.__qualname__}.{name}: method or property?")
+                    self.assertEqual(_params(ours), _params(theirs), f"{base.__qualname__}.{name}'s arguments")
+                    self.assertTrue(_listed(name), f"{cls.__qualname__} overrides {name}: list it in _compat.py")
+                # Attributes smdist_tf sets on itself must not be the TF/Keras object's own (unless meant to).
+                assigned = _assigned_private_attributes(cls, base)
+                self.assertLessEqual(written, assigned)
+                clashing = {n for n in assigned - written
+                            if hasattr(base, n) or (base_instance is not None and n in vars(base_instance))}
+                self.assertEqual(clashing, set(), f"{cls.__qualname__} sets {base.__qualname__}'s private attributes")
+                for name in written:
+                    self.assertTrue(_listed(name), f"{cls.__qualname__} sets {name}: list it in _compat.py")
+
+    def test_read_and_called_private_names_exist(self):
+        # (owner, name, what it must be: a type the value is an instance of, or the arguments of a callable).
+        extended = tf.distribute.MirroredStrategy(["/cpu:0"]).extended
+        model = compiled()
+        optimizer = keras.optimizers.SGD()
+        optimizer.build([keras.Variable(np.zeros(2, np.float32))])
+        variable = keras.Variable(np.zeros(2, np.float32))
+        inputs = keras.Input((2,))
+        functional = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+        reads = [
+            (tf.Graph(), "experimental_acd_manager", type(None)),
+            (extended, "_cross_device_ops", tf.distribute.CrossDeviceOps),
+            (extended, "_collective_ops", tf.distribute.CrossDeviceOps),
+            (extended, "_container_strategy", []),
+            (extended, "_input_workers_with_options", ["options"]),
+            (_compat.DistributedVariable, "_get_replica", ["self", "replica_id"]),
+            (tf.distribute.experimental.CommunicationOptions(), "bytes_per_pack", int),
+            (model, "_loss_tracker", keras.metrics.Mean),
+            (optimizer, "_trainable_variables", list),
+            (optimizer, "_get_variable_index", ["variable"]),
+            (keras.Sequential(), "_functional", type(None)),
+            (functional, "_nodes_by_depth", dict),
+            (keras.layers.Flatten(), "_call_has_training_arg", bool),
+            (keras.layers.Layer, "_flatten_layers", ["self", "include_self", "recursive"]),
+            (keras.layers.Layer, "_get_own_losses", ["self"]),
+            (keras.layers.BatchNormalization, "_moments", ["self", "inputs", "mask"]),
+            (variable, "_value", tf.Variable),
+            (variable, "_initializer", type(None)),
+            (variable, "_dtype", str),
+            (keras.Variable, "_deferred_initialize", ["self"]),
+            (keras.Variable, "_initialize", ["self", "value"]),
+            (_compat.H5IOStore, "get", ["self", "path"]),
+            (_compat.H5IOStore, "make", ["self", "path", "metadata"]),
+            (_compat.H5IOStore, "close", ["self"]),
+            (_compat.H5IOStore, "__getitem__", ["self", "key"]),
+            (_compat.H5IOStore, "__setitem__", ["self", "key", "value"]),
+            (_compat.H5IOStore, "__contains__", ["self", "item"]),
+            (_compat.H5IOStore, "__bool__", ["self"]),
+            (keras.callbacks.ModelCheckpoint, "_save_model", ["self", "epoch", "batch", "logs"]),
+            (tf.test.TestCase("run"), "_testMethodName", str),
+        ]
+        for owner, name, expected in reads:
+            with self.subTest(owner=owner, name=name):
+                value = getattr(owner, name)  # AttributeError: TF or Keras moved it
+                if isinstance(expected, list):
+                    self.assertTrue(callable(value))
+                    self.assertEqual(_params(value), expected)
+                else:
+                    self.assertIsInstance(value, expected)
+                self.assertTrue(name == "bytes_per_pack" or name.startswith("__") or _listed(name),
+                                f"{name} is missing from smdist_tf/_compat.py's inventory")
+
+    def test_collectives_run_independently_of_program_order_while_tracing(self):
+        from smdist_tf.collectives import _unordered
+
+        marked = []
+
+        @tf.function
+        def step():
+            manager = tf.constant(0).graph.experimental_acd_manager
+            self.assertIsNotNone(manager, "tf.function no longer traces under an AutomaticControlDependencies")
+            value = tf.random.uniform([2])  # a stateful op, as a collective is
+            _unordered(value)
+            marked.append(value.op.get_attr("_independent_side_effects"))
+            return value
+
+        step()
+        self.assertEqual(marked, [True])
+        with tf.Graph().as_default():  # a tf.compat.v1 graph: no manager, nothing to do
+            value = tf.random.uniform([2])
+            self.assertIs(_unordered(value), value)
+            with self.assertRaises(ValueError):
+                value.op.get_attr("_independent_side_effects")
+
+    def test_strategy_internals_behave_as_relied_on(self):
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+        self.assertIs(strategy.extended._container_strategy(), strategy)
+        # tf.distribute.Strategy.cluster_resolver reads the extended's _cluster_resolver (set to None by ours).
+        resolver = object()
+        strategy.extended._cluster_resolver = resolver
+        self.assertIs(tf.distribute.Strategy.cluster_resolver.fget(strategy), resolver)
+        # The base class gathers through _gather_implementation unless _num_between_graph_workers is 1.
+        gathered = []
+
+        class Gathering(tf.distribute.ReductionToOneDevice):
+            @property
+            def _num_between_graph_workers(self):
+                return 2
+
+            def _gather_implementation(self, per_replica_value, destinations, axis, options):
+                gathered.append(axis)
+                return per_replica_value
+
+        with strategy.scope():
+            Gathering()._gather(tf.constant([1.0]), "/cpu:0", axis=0)  # what Strategy.gather calls
+        self.assertEqual(gathered, [0])
+        from smdist_tf.distribute.cross_device_ops import _bytes_per_pack
+
+        self.assertEqual(_bytes_per_pack(tf.distribute.experimental.CommunicationOptions(bytes_per_pack=7)), 7)
+        self.assertEqual(_bytes_per_pack(None), 0)
+
+    def test_keras_internals_behave_as_relied_on(self):
+        model = compiled()
+        model._loss_tracker.update_state(3.0)  # PipelineModel's loss: what fit logs as "loss"
+        self.assertAllClose(model.get_metrics_result()["loss"], 3.0)
+        optimizer = keras.optimizers.SGD()
+        first, second = keras.Variable(np.zeros(2, np.float32)), keras.Variable(np.zeros(3, np.float32))
+        optimizer.build([first, second])
+        self.assertEqual(optimizer._get_variable_index(second), 1)
+        self.assertEqual([id(v) for v in optimizer._trainable_variables], [id(first), id(second)])
+        self.assertIsInstance(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])._functional,
+                              _compat.Functional)
+        self.assertTrue(keras.layers.Dropout(0.5)._call_has_training_arg)
+        self.assertFalse(keras.layers.Flatten()._call_has_training_arg)
+        # Keras 3's CallbackList has no _should_call_train_batch_hooks: append_callback's Keras 2 switch.
+        self.assertFalse(hasattr(keras.callbacks.CallbackList([]), "_should_call_train_batch_hooks"))
+
+    def test_the_pipeline_walks_and_runs_a_functional_graph_as_keras_does(self):
+        from smdist_tf.pipeline.graph import ModelGraph
+
+        inputs = keras.Input((4,))
+        hidden = keras.layers.Dense(3, activity_regularizer="l2")(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Dropout(0.5)(hidden)))
+        graph = ModelGraph(model)
+        self.assertEqual([type(c.layer).__name__ for c in graph.calls], ["Dense", "Dropout", "Dense"])
+        (outputs,), losses = graph.run(graph.calls, graph.input_ids, [X], graph.output_ids, training=False)
+        self.assertAllClose(outputs, model(X, training=False))
+        self.assertLen(losses, 1)  # the activity regularizer's, through _get_own_losses
+        with self.assertRaisesRegex(ValueError, "must start with keras.Input"):
+            ModelGraph(keras.Sequential([keras.layers.Dense(1)]))
+
+    def test_h5_store_reads_what_keras_wrote(self):
+        from smdist_tf.pipeline.weights import checkpoint_layout
+
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        path = os.path.join(tempfile.mkdtemp(), "m.weights.h5")
+        model.save_weights(path)
+        layout = checkpoint_layout(model)  # _RecordingStore through _compat.save_state
+        entry = next(e for e in layout if e.items)
+        key, variable = entry.items[0]
+        store = _compat.H5IOStore(path, mode="r")
+        try:
+            store.get(entry.path)
+            self.assertIn(key, store)
+            self.assertEqual(tuple(store._h5_entry_group[key].shape), tuple(variable.shape))
+            self.assertAllClose(store[key], variable.numpy())
+        finally:
+            store.close()

@@ -126,25 +126,25 @@ class SmdistCrossDeviceOps(tf.distribute.CrossDeviceOps):
         return max(group_size(self.process_set), 2)
 
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
-        (reduced,) = self.reduce(reduce_op, [local_value(per_replica_value)])
+        (reduced,) = self.reduce_tensors(reduce_op, [local_value(per_replica_value)])
         return _as_mirrored(reduced)
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
         flat = [local_value(value) for value, _ in value_destination_pairs]
-        return [_as_mirrored(r) for r in self.reduce(reduce_op, flat, _bytes_per_pack(options))]
+        return [_as_mirrored(r) for r in self.reduce_tensors(reduce_op, flat, _bytes_per_pack(options))]
 
     def _gather_implementation(self, per_replica_value, destinations, axis, options):
         return _as_mirrored(gather_tensor(local_value(per_replica_value), axis, self.process_set))
 
     def _all_reduce(self, reduce_op, value, replica_id, options):
         flat = tf.nest.flatten(value, expand_composites=False)
-        return tf.nest.pack_sequence_as(value, self.reduce(reduce_op, flat, _bytes_per_pack(options)))
+        return tf.nest.pack_sequence_as(value, self.reduce_tensors(reduce_op, flat, _bytes_per_pack(options)))
 
-    def reduce(self, reduce_op: Any, flat: list, bytes_per_pack: int = 0) -> list:
+    def reduce_tensors(self, reduce_op: Any, flat: list, bytes_per_pack: int = 0) -> list:
         """:func:`reduce_flat` with this object's compression and process set."""
         return reduce_flat(reduce_op, flat, self._compression, self.process_set, bytes_per_pack)
 
 
 def _bytes_per_pack(options: Any) -> int:
-    """The bucket size a ``tf.distribute.experimental.CommunicationOptions`` asks for (0: ours)."""
-    return int(getattr(options, "bytes_per_pack", 0) or 0)
+    """The bucket size a ``tf.distribute.experimental.CommunicationOptions`` (or None) asks for (0: ours)."""
+    return 0 if options is None else int(options.bytes_per_pack or 0)

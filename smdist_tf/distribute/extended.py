@@ -149,7 +149,7 @@ class DataParallelExtended(_compat.MirroredExtended):
             return value  # already identical everywhere
         # Plain tensors count as this rank's replica value (graph tensors captured
         # outside strategy.run come with empty destinations, which TF's checks reject).
-        reduced = self._cross_device_ops.reduce(reduce_op, [local_value(v) for v in flat])
+        reduced = self._cross_device_ops.reduce_tensors(reduce_op, [local_value(v) for v in flat])
         return tf.nest.pack_sequence_as(value, reduced)
 
     def _batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any) -> list:

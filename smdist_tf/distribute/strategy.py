@@ -10,10 +10,14 @@ from smdist_tf import _compat, process_sets as _process_sets
 from smdist_tf.compression import Compression, Compressor
 from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps
 from smdist_tf.distribute.extended import DataParallelExtended
-from smdist_tf.distribute.predict_on_batch import install_local_predict_on_batch
+from smdist_tf.keras.patches import install_keras_patches
 from smdist_tf.keras_api import keras_api, require_keras_3, uses_tf_keras
 from smdist_tf.process_sets import ProcessSet
-from smdist_tf.runtime import init, is_initialized, rank
+from smdist_tf.reduce_ops import Sum
+from smdist_tf.initialization import init
+from smdist_tf.runtime import is_initialized, rank
+from smdist_tf.sharding.optimizer import ShardingSettings
+from smdist_tf.strategy_kind import OneReplicaPerRank
 
 
 def _is_scalar_value(value: Any) -> bool:
@@ -27,7 +31,7 @@ def _is_scalar_value(value: Any) -> bool:
 
 # Subclassing MultiWorkerMirroredStrategy (without its __init__) makes Keras treat us as a
 # multi-worker strategy: per-batch logs are reduced across ranks and predict() gathers.
-class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredStrategy):
     """Synchronous data parallelism over smdist_tf processes (launched by ``mpirun``), one replica each.
 
     Use like any ``tf.distribute.Strategy``: create and compile the model inside
@@ -69,14 +73,9 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             require_keras_3("shard_optimizer_state")
             if compression is not Compression.none:
                 raise ValueError("shard_optimizer_state: reduce-scatter has no wire compression; use Compression.none")
-            from smdist_tf.reduce_ops import Sum
-            from smdist_tf.sharding.optimizer import ShardingSettings
-            from smdist_tf.sharding.strategy_hook import install_sharding_on_creation
-
             # Keras scales each replica's loss by 1/N under a strategy, so the gradients are summed.
             self._sharding = ShardingSettings(shard_gradients=shard_gradients, op=Sum, process_set=process_set,
                                               clip_reduced=False)
-            install_sharding_on_creation()
         if process_set is not None:
             _process_sets.process_set_id(process_set)  # registered?
             if not process_set.included():
@@ -84,13 +83,7 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                                  "DataParallelStrategy(process_set=...)")
         self._process_set = process_set
         tf.distribute.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression, process_set)))
-        from smdist_tf.keras.loss_scale import install_finite_agreement
-        from smdist_tf.keras.uneven_data import install_uneven_data_support
-
-        install_uneven_data_support()
-        if not uses_tf_keras():
-            install_finite_agreement()
-            install_local_predict_on_batch()
+        install_keras_patches()
         first_replica = (rank() if process_set is None else process_set.rank()) == 0
         if progress_on_rank_zero_only and not first_replica:
             keras = keras_api()

@@ -1,40 +1,11 @@
-"""What a ``DistributedOptimizer`` of either Keras keeps: its reduction settings and its local sources."""
+"""What a ``DistributedOptimizer`` of either Keras keeps: its ``GradientReducer`` and its local sources."""
 
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from smdist_tf.compression import Compression, Compressor
-from smdist_tf.gradient_tape import DistributedGradientTape
+from smdist_tf.gradient_reducer import GradientReducer
 from smdist_tf.process_sets import ProcessSet
-from smdist_tf.reduce_ops import Average
-
-
-def reduction_settings(
-    compression: type[Compressor] = Compression.none,
-    sparse_as_dense: bool = False,
-    op: int = Average,
-    gradient_predivide_factor: float = 1.0,
-    num_groups: int = 0,
-    groups: Optional[Sequence[Sequence[Any]]] = None,
-    backward_passes_per_step: int = 1,
-    average_aggregated_gradients: bool = False,
-    scale_local_gradients: bool = True,
-    process_set: Optional[ProcessSet] = None,
-) -> dict:
-    """The settings a distributed optimizer class carries (``DistributedOptimizer``'s arguments)."""
-    return dict(
-        compression=compression,
-        sparse_as_dense=sparse_as_dense,
-        op=op,
-        gradient_predivide_factor=gradient_predivide_factor,
-        num_groups=num_groups,
-        groups=groups,
-        backward_passes_per_step=int(backward_passes_per_step),
-        average_aggregated_gradients=average_aggregated_gradients,
-        scale_local_gradients=scale_local_gradients,
-        process_set=process_set,
-    )
 
 
 class LocalSources:
@@ -56,15 +27,23 @@ class LocalSources:
 class GradientReduction:
     """Mixed in front of a wrapped optimizer's class (through a Keras-specific subclass).
 
-    Settings live on the dynamic class, so ``from_config`` on it rebuilds an equally
-    configured optimizer while ``get_config`` stays the wrapped class's own config.
+    The reducer and the accumulation settings live on the dynamic class, so ``from_config``
+    on it rebuilds an equally configured optimizer while ``get_config`` stays the wrapped
+    class's own config.
     """
 
-    _smdist_settings: dict = {}
+    _smdist_reducer: GradientReducer
+    _smdist_backward_passes_per_step: int = 1
+    _smdist_average_aggregated_gradients: bool = False
 
     @property
     def _smdist_reduces_in_apply(self) -> bool:
         return True
+
+    @property
+    def smdist_process_set(self) -> Optional[ProcessSet]:
+        """The process set this optimizer reduces over (``None``: all ranks)."""
+        return self._smdist_reducer.process_set
 
     def smdist_local_sources(self) -> LocalSources:
         """This optimizer's local layers and variables (created on first use)."""
@@ -80,25 +59,17 @@ class GradientReduction:
         """
         self.smdist_local_sources().variables.append(var)
 
-    def _smdist_reducer(self) -> DistributedGradientTape:
-        # The tape's reduction (fusion, groups, sparse handling, local sources) without a recorded tape.
-        s = self._smdist_settings
-        reducer = DistributedGradientTape(
-            None,
-            compression=s["compression"],
-            sparse_as_dense=s["sparse_as_dense"],
-            op=s["op"],
-            gradient_predivide_factor=s["gradient_predivide_factor"],
-            num_groups=s["num_groups"],
-            groups=s["groups"],
-            process_set=s["process_set"],
-            scale_local_gradients=s["scale_local_gradients"],
-        )
-        for var in self.smdist_local_sources().resolved():
-            reducer.register_local_source(var)
-        return reducer
+    def _smdist_reduced(self, grads: Sequence[Any], variables: Sequence[Any]) -> list:
+        """``grads`` reduced over the ranks, the local sources' kept on this rank."""
+        return self._smdist_reducer.reduce(grads, variables, self.smdist_local_sources().resolved())
 
 
-def distributed_class(mixin: type, base: type, settings: dict) -> type:
-    """A subclass of ``base`` with ``mixin`` in front, carrying ``settings``; same name and module as ``base``."""
-    return type(base.__name__, (mixin, base), {"_smdist_settings": settings, "__module__": base.__module__})
+def distributed_class(mixin: type, base: type, reducer: GradientReducer, backward_passes_per_step: int = 1,
+                      average_aggregated_gradients: bool = False) -> type:
+    """A subclass of ``base`` with ``mixin`` in front, carrying the settings; same name and module as ``base``."""
+    return type(base.__name__, (mixin, base), {
+        "_smdist_reducer": reducer,
+        "_smdist_backward_passes_per_step": int(backward_passes_per_step),
+        "_smdist_average_aggregated_gradients": average_aggregated_gradients,
+        "__module__": base.__module__,
+    })

@@ -16,28 +16,22 @@ import tensorflow as tf
 from smdist_tf.collectives import allreduce
 from smdist_tf.reduce_ops import Min
 from smdist_tf.runtime import size
-
-_installed = False
+from smdist_tf.strategy_kind import OneReplicaPerRank
 
 
 def _reducing_ranks(optimizer: Any) -> tuple[bool, Any]:
     """Whether this LossScaleOptimizer's branches issue collectives, and over which process set."""
-    from smdist_tf.distribute.strategy import DataParallelStrategy
-
     strategy = tf.distribute.get_strategy()
-    if isinstance(strategy, DataParallelStrategy):
+    if isinstance(strategy, OneReplicaPerRank):
         return True, strategy.process_set
     inner = getattr(optimizer, "inner_optimizer", None)
     if getattr(inner, "_smdist_reduces_in_apply", False):
-        return True, inner._smdist_settings.get("process_set")
+        return True, inner.smdist_process_set
     return False, None
 
 
-def install_finite_agreement() -> None:
-    """Patches ``keras.optimizers.LossScaleOptimizer.check_finite`` once per process (idempotent)."""
-    global _installed
-    if _installed:
-        return
+def patch_check_finite() -> None:
+    """Wraps ``keras.optimizers.LossScaleOptimizer.check_finite`` (installed by smdist_tf/keras/patches.py)."""
     import keras
 
     cls = keras.optimizers.LossScaleOptimizer
@@ -53,4 +47,3 @@ def install_finite_agreement() -> None:
 
     check_finite.__doc__ = local_check.__doc__
     cls.check_finite = check_finite
-    _installed = True

@@ -12,15 +12,14 @@ import keras
 import tensorflow as tf
 
 from smdist_tf.compression import Compression, Compressor
-from smdist_tf.distribute.strategy import DataParallelStrategy
-from smdist_tf.gradient_tape import DistributedGradientTape
-from smdist_tf.keras.gradient_reduction import GradientReduction, distributed_class, reduction_settings
-from smdist_tf.keras.loss_scale import install_finite_agreement
-from smdist_tf.keras.uneven_data import install_uneven_data_support
+from smdist_tf.gradient_reducer import GradientReducer
+from smdist_tf.keras.gradient_reduction import GradientReduction, distributed_class
+from smdist_tf.keras.patches import install_keras_patches
 from smdist_tf.keras_api import is_tf_keras_class, is_tf_keras_object, uses_tf_keras
 from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average
 from smdist_tf.sharding.optimizer import ShardingSettings, shard_in_place
+from smdist_tf.strategy_kind import OneReplicaPerRank
 
 
 class _DistributedApply(GradientReduction):
@@ -28,7 +27,7 @@ class _DistributedApply(GradientReduction):
 
     def build(self, variables: Sequence[Any]) -> None:
         super().build(variables)
-        if self._smdist_settings["backward_passes_per_step"] > 1:
+        if self._smdist_backward_passes_per_step > 1:
             self._smdist_accumulators = [
                 self.add_variable_from_reference(v, name="smdist_accumulated_grad") for v in variables
             ]
@@ -59,8 +58,8 @@ class _DistributedApply(GradientReduction):
             with tape:  # trainable variables are watched by themselves
                 loss = loss()
         grads = list(tape.gradient(loss, variables, grad_loss))
-        if self._smdist_settings["backward_passes_per_step"] == 1:
-            grads = self._smdist_reducer()._reduce(grads, variables)
+        if self._smdist_backward_passes_per_step == 1:
+            grads = self._smdist_reduced(grads, variables)
             # Alive in the pairs until apply() takes them, so their ids stay theirs.
             self._smdist_reduced_ids = {id(g) for g in grads if g is not None}
         return list(zip(grads, variables))
@@ -70,12 +69,12 @@ class _DistributedApply(GradientReduction):
         if trainable_variables is None:
             trainable_variables = self._trainable_variables
         trainable_variables = list(trainable_variables)
-        passes = self._smdist_settings["backward_passes_per_step"]
+        passes = self._smdist_backward_passes_per_step
         reduced_ids, self._smdist_reduced_ids = getattr(self, "_smdist_reduced_ids", set()), set()
         if reduced_ids and all(id(g) in reduced_ids for g in grads if g is not None):
             return super().apply(grads, trainable_variables)  # from _compute_gradients: reduced already
         if passes == 1:
-            reduced = self._smdist_reducer()._reduce(grads, trainable_variables)
+            reduced = self._smdist_reduced(grads, trainable_variables)
             return super().apply(reduced, trainable_variables)
         if not self.built:
             self.build(trainable_variables)
@@ -88,12 +87,12 @@ class _DistributedApply(GradientReduction):
             if g is not None:
                 acc.assign_add(tf.convert_to_tensor(g))
         self._smdist_passes.assign_add(1)
-        divide = self._smdist_settings["average_aggregated_gradients"]
+        divide = self._smdist_average_aggregated_gradients
 
         def reduce_and_apply():
             # Same iteration count on every rank, so every rank takes this branch together.
             local = [None if g is None else (acc / passes if divide else acc + 0) for acc, g in zip(accumulators, grads)]
-            reduced = self._smdist_reducer()._reduce([None if x is None else tf.convert_to_tensor(x) for x in local], variables)
+            reduced = self._smdist_reduced([None if x is None else tf.convert_to_tensor(x) for x in local], variables)
             super(_DistributedApply, self).apply(reduced, variables)
             for acc in accumulators:
                 acc.assign(tf.zeros_like(acc))
@@ -178,52 +177,46 @@ def DistributedOptimizer(
         raise ValueError("backward_passes_per_step must be >= 1")
     if tf.distribute.has_strategy() and _reduces_across_processes(tf.distribute.get_strategy()):
         raise ValueError("DistributedOptimizer reduces by itself; do not use it inside a tf.distribute strategy scope")
-    # Validates op / predivide the same way the tape does, on every rank alike.
-    DistributedGradientTape(None, compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
-                            num_groups=num_groups, process_set=process_set)
+    # Made first, so a bad op / predivide / process set fails the same way, on every rank alike.
+    reducer = GradientReducer(
+        compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients,
+    )
     if keras_2 and (shard_optimizer_state or shard_gradients):
         raise ValueError("shard_optimizer_state and shard_gradients need Keras 3; they are not supported with "
                          "tf_keras (Keras 2) optimizers")
     if keras_2 and backward_passes_per_step != 1:
         raise ValueError("backward_passes_per_step > 1 is not supported with tf_keras (Keras 2) optimizers; "
                          "accumulate gradients in your own loop, or use Keras 3")
-    if not keras_2:
-        install_finite_agreement()  # Keras 2's LossScaleOptimizer checks the reduced gradients already
-    install_uneven_data_support()
+    install_keras_patches()
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
     if shard_optimizer_state or shard_gradients:
-        return _sharded_copy(optimizer, config, compression, op, gradient_predivide_factor, backward_passes_per_step,
-                             shard_gradients, process_set)
-    settings = reduction_settings(
-        compression=compression,
-        sparse_as_dense=sparse_as_dense,
-        op=op,
-        gradient_predivide_factor=gradient_predivide_factor,
-        num_groups=num_groups,
-        groups=groups,
-        backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients,
-        scale_local_gradients=scale_local_gradients,
-        process_set=process_set,
-    )
-    return distributed_optimizer_class(type(optimizer), settings).from_config(config)
+        if backward_passes_per_step != 1:
+            raise ValueError("shard_optimizer_state accumulates with the optimizer's own gradient_accumulation_steps; "
+                             "leave backward_passes_per_step at 1")
+        settings = ShardingSettings.of(reducer, shard_gradients=shard_gradients)
+        return shard_in_place(type(optimizer).from_config(config), settings)
+    cls = distributed_optimizer_class(type(optimizer), reducer, backward_passes_per_step, average_aggregated_gradients)
+    return cls.from_config(config)
 
 
-def distributed_optimizer_class(base: type, settings: dict) -> type:
-    """The distributed subclass of the optimizer class ``base`` (Keras 3 or Keras 2), carrying ``settings``."""
+def distributed_optimizer_class(base: type, reducer: GradientReducer, backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False) -> type:
+    """The distributed subclass of the optimizer class ``base`` (Keras 3 or Keras 2), reducing with ``reducer``."""
     if is_tf_keras_class(base):
         from smdist_tf.keras.tf_keras_optimizer import DistributedAggregation
 
-        return distributed_class(DistributedAggregation, base, settings)
-    return distributed_class(_DistributedApply, base, settings)
+        return distributed_class(DistributedAggregation, base, reducer)
+    return distributed_class(_DistributedApply, base, reducer, backward_passes_per_step, average_aggregated_gradients)
 
 
 def _reduces_across_processes(strategy: tf.distribute.Strategy) -> bool:
     """True for a strategy that reduces gradients itself: several replicas, or ours at any size (one process
     included, so the mistake shows on a laptop before it meets a cluster)."""
-    return strategy.num_replicas_in_sync > 1 or isinstance(strategy, DataParallelStrategy)
+    return strategy.num_replicas_in_sync > 1 or isinstance(strategy, OneReplicaPerRank)
 
 
 def _check_optimizer(optimizer: Any) -> bool:
@@ -242,20 +235,3 @@ def _check_optimizer(optimizer: Any) -> bool:
         raise TypeError("DistributedOptimizer takes the optimizer inside a tf_keras LossScaleOptimizer: "
                         "wrap it as LossScaleOptimizer(DistributedOptimizer(optimizer))")
     return keras_2
-
-
-def _sharded_copy(optimizer: keras.optimizers.Optimizer, config: dict, compression: type[Compressor], op: int,
-                  gradient_predivide_factor: float, backward_passes_per_step: int, shard_gradients: bool,
-                  process_set: Optional[ProcessSet]) -> keras.optimizers.Optimizer:
-    """A fresh copy of ``optimizer`` whose state is sharded (``smdist_tf.sharding``)."""
-    if compression is not Compression.none:
-        raise ValueError("shard_optimizer_state: reduce-scatter has no wire compression; use Compression.none")
-    if backward_passes_per_step != 1:
-        raise ValueError("shard_optimizer_state accumulates with the optimizer's own gradient_accumulation_steps; "
-                         "leave backward_passes_per_step at 1")
-    prescale, postscale = 1.0, 1.0
-    if gradient_predivide_factor != 1.0:
-        prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
-    settings = ShardingSettings(shard_gradients=shard_gradients, op=op, prescale_factor=prescale,
-                                postscale_factor=postscale, process_set=process_set)
-    return shard_in_place(type(optimizer).from_config(config), settings)

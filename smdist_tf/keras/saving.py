@@ -9,9 +9,9 @@ from typing import Any, Optional, Sequence, Union
 import keras
 
 from smdist_tf.compression import Compression, Compressor
-from smdist_tf.keras.gradient_reduction import reduction_settings
+from smdist_tf.gradient_reducer import GradientReducer
 from smdist_tf.keras.optimizer import DistributedOptimizer, distributed_optimizer_class
-from smdist_tf.keras.uneven_data import install_uneven_data_support
+from smdist_tf.keras.patches import install_keras_patches
 from smdist_tf.keras_api import keras_api, uses_tf_keras
 
 # Optimizers that wrap others: the optimizers inside them are wrapped instead.
@@ -105,6 +105,6 @@ def _load_tf_keras_model(filepath: Union[str, os.PathLike], custom_optimizers: l
     optimizer = getattr(model, "optimizer", None)
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # inside a LossScaleOptimizer
     if optimizer is not None and type(optimizer) not in unwrapped:
-        optimizer.__class__ = distributed_optimizer_class(type(optimizer), reduction_settings(compression=compression))
-        install_uneven_data_support()
+        optimizer.__class__ = distributed_optimizer_class(type(optimizer), GradientReducer(compression=compression))
+        install_keras_patches()
     return model

@@ -22,14 +22,14 @@ class DistributedAggregation(GradientReduction):
 
     def aggregate_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         """``tf_keras.optimizers.Optimizer``'s aggregation step: the gradients reduced over the ranks."""
-        return self._smdist_reduced(grads_and_vars)
+        return self._smdist_reduced_pairs(grads_and_vars)
 
     def _aggregate_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         # tf_keras.optimizers.legacy's aggregation step (listed in smdist_tf/_compat.py).
-        return self._smdist_reduced(grads_and_vars)
+        return self._smdist_reduced_pairs(grads_and_vars)
 
-    def _smdist_reduced(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    def _smdist_reduced_pairs(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         pairs = list(grads_and_vars)
         variables = [v for _, v in pairs]
-        reduced = self._smdist_reducer()._reduce([g for g, _ in pairs], variables)
+        reduced = self._smdist_reduced([g for g, _ in pairs], variables)
         return list(zip(reduced, variables))

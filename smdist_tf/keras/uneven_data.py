@@ -35,9 +35,9 @@ from smdist_tf.keras_api import keras_api
 from smdist_tf.reduce_ops import Max
 from smdist_tf.runtime import is_initialized, size
 from smdist_tf.sharding.optimizer import unsharded_variables
+from smdist_tf.strategy_kind import OneReplicaPerRank
 
 keras = keras_api()  # the hooks and their callback belong to the Keras tf.keras is
-_installed = False
 
 
 def _multi_rank() -> bool:
@@ -46,9 +46,7 @@ def _multi_rank() -> bool:
 
 
 def _under_strategy(model: Any) -> bool:
-    from smdist_tf.distribute.strategy import DataParallelStrategy
-
-    return isinstance(model.distribute_strategy, DataParallelStrategy)
+    return isinstance(model.distribute_strategy, OneReplicaPerRank)
 
 
 def _steps_are_collective(model: Any) -> bool:
@@ -65,7 +63,7 @@ def _steps_are_collective(model: Any) -> bool:
     # A LossScaleOptimizer (mixed precision) wraps the DistributedOptimizer.
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     reduces = bool(getattr(inner, "_smdist_reduces_in_apply", False))
-    return reduces and inner._smdist_settings.get("process_set") is None
+    return reduces and inner.smdist_process_set is None
 
 
 class _EpochSync(keras.callbacks.Callback):
@@ -152,10 +150,6 @@ def _loop_end(model: Any, loop: str, sync: Optional[_EpochSync]) -> None:
         join()  # the metric reads that follow are collectives
 
 
-def install_uneven_data_support() -> None:
-    """Hooks Keras ``fit``/``evaluate`` once per process (idempotent); see the module docstring."""
-    global _installed
-    if _installed:
-        return
+def patch_training_loops() -> None:
+    """Hooks Keras ``fit``/``evaluate`` (installed by smdist_tf/keras/patches.py); see the module docstring."""
     _compat.hook_training_loops(keras.Model, _prepare_fit, _loop_end)
-    _installed = True

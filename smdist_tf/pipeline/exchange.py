@@ -16,7 +16,8 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-import smdist_tf as sd
+from smdist_tf.collectives import grouped_allreduce, grouped_broadcast
+from smdist_tf.reduce_ops import Sum
 from smdist_tf import process_sets
 from smdist_tf.buckets import gradient_buckets
 
@@ -78,7 +79,7 @@ class GroupPlan:
             buckets = gradient_buckets(tensors, list(range(len(tensors))))
             for k, bucket in enumerate(buckets):
                 label = _label(members) if len(buckets) == 1 else f"{_label(members)}.{k}"
-                summed = sd.grouped_allreduce([tensors[j] for j in bucket], op=sd.Sum, name=f"{name}.{label}",
+                summed = grouped_allreduce([tensors[j] for j in bucket], op=Sum, name=f"{name}.{label}",
                                               process_set=self.sets[members])
                 for j, t in zip(bucket, summed):
                     out[indices[j]] = t
@@ -95,7 +96,7 @@ class GroupPlan:
         """Gives every grouped value its first (lowest) member's value."""
         out = list(values)
         for members, indices in sorted(self.groups.items()):
-            received = sd.grouped_broadcast([values[i] for i in indices], members[0],
+            received = grouped_broadcast([values[i] for i in indices], members[0],
                                             name=f"{name}.{_label(members)}", process_set=self.sets[members])
             for i, t in zip(indices, received):
                 out[i] = t

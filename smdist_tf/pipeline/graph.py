@@ -7,6 +7,8 @@ from typing import Any
 
 import keras
 
+from smdist_tf import _compat
+
 
 @dataclasses.dataclass
 class LayerCall:
@@ -27,10 +29,10 @@ class ModelGraph:
     def __init__(self, model: keras.Model):
         functional = model
         if isinstance(model, keras.Sequential):
-            functional = getattr(model, "_functional", None)
+            functional = model._functional  # None until the Sequential knows its input
             if functional is None:
                 raise ValueError("a Sequential model must start with keras.Input(...) so its layers are built")
-        if not hasattr(functional, "_nodes_by_depth") or not functional.inputs:
+        if not isinstance(functional, _compat.Functional) or not functional.inputs:
             raise ValueError("PipelineModel needs a Sequential or functional Keras model (subclassed models have no graph to split)")
         self.tensors: dict[int, Any] = {}
         for t in functional.inputs:
@@ -79,7 +81,7 @@ class ModelGraph:
         added = []
         for call in calls:
             args, kwargs = call.node.arguments.fill_in(values)
-            if getattr(call.layer, "_call_has_training_arg", False):
+            if call.layer._call_has_training_arg:
                 kwargs["training"] = training
             outputs = call.layer(*args, **kwargs)
             flat = keras.tree.flatten(outputs)

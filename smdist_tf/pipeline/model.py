@@ -10,18 +10,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import smdist_tf as sd
-from smdist_tf import _compat
-from smdist_tf.pipeline import partition as partition_lib
+from smdist_tf.collectives import allgather, allreduce, grouped_allreduce
+from smdist_tf.pipeline import checkpoint, partition as partition_lib
 from smdist_tf.pipeline import schedule as schedule_lib
 from smdist_tf.pipeline import topology as topology_lib
 from smdist_tf.pipeline import weights as weights_lib
 from smdist_tf.keras_api import require_keras_3
-from smdist_tf.pipeline.exchange import GroupPlan, from_bytes, to_bytes
+from smdist_tf.reduce_ops import Min, Sum
+from smdist_tf.runtime import rank, size
+from smdist_tf.pipeline.exchange import GroupPlan
 from smdist_tf.pipeline.gradient_sync import GradientSync
 from smdist_tf.pipeline.graph import ModelGraph
-from smdist_tf.pipeline.point_to_point import recv, send
-from smdist_tf.pipeline.stage import TAG_CHECKPOINT, StageRunner
+from smdist_tf.pipeline.stage import StageRunner
 
 _MOVABLE = (tf.bool, tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64)
 _REDUCIBLE = _MOVABLE[1:]
@@ -105,7 +105,7 @@ class PipelineModel(keras.Model):
             raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
         if schedule not in schedule_lib.SCHEDULES:
             raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(schedule_lib.SCHEDULES)}")
-        topology = topology_lib.PipelineTopology(sd.rank(), sd.size(), int(num_stages))
+        topology = topology_lib.PipelineTopology(rank(), size(), int(num_stages))
         scope = None
         if isinstance(model, keras.Model):
             built = model
@@ -162,9 +162,9 @@ class PipelineModel(keras.Model):
         self._runner.regularized = [v for v in stage_vars if getattr(v, "regularizer", None) is not None
                                     and min(self._variable_stages[id(v)]) == s]
         self._verify_batch = True
-        self._quiet_progress = progress_on_rank_zero_only and sd.rank() != 0
+        self._quiet_progress = progress_on_rank_zero_only and rank() != 0
         self.built = True
-        if verbose and sd.rank() == 0:
+        if verbose and rank() == 0:
             print(self.stage_summary(), flush=True)
 
     # -- which weights this rank holds -------------------------------------------------------------
@@ -198,7 +198,7 @@ class PipelineModel(keras.Model):
             else:
                 # Deferred variables just get the guard; values a built model (or a function
                 # returning one) already has are dropped.
-                weights_lib.release(v, weights_lib.NotHeld(v.path, self._variable_stages[id(v)], sd.rank()))
+                weights_lib.release(v, weights_lib.NotHeld(v.path, self._variable_stages[id(v)], rank()))
         # Replicas and tied copies start from their first holder's values.
         held = [v for v, h in zip(variables, mine) if h]
         index = {id(v): k for k, v in enumerate(held)}
@@ -365,7 +365,7 @@ class PipelineModel(keras.Model):
         non-finite gradients, which make it take its skip branch (halving the scale).
         """
         local = all(bool(tf.reduce_all(tf.math.is_finite(g))) for g in grads)
-        agreed = sd.allreduce(tf.constant(int(local), tf.int32), op=sd.Min, name="pipeline.grads_finite")
+        agreed = allreduce(tf.constant(int(local), tf.int32), op=Min, name="pipeline.grads_finite")
         if int(agreed):
             return grads
         return [tf.fill(tf.shape(g), tf.constant(float("nan"), g.dtype)) for g in grads]
@@ -394,7 +394,7 @@ class PipelineModel(keras.Model):
         tensors = x + ([] if y is None else _as_list(y)) + ([] if sample_weight is None else [sample_weight])
         parts = [tf.reduce_sum(tf.cast(t, tf.float64)) for t in tensors]
         checksum = tf.stack([tf.constant(float(batch), tf.float64)] + parts)
-        everyone = sd.allgather(checksum[None], name="pipeline.batch_check").numpy()
+        everyone = allgather(checksum[None], name="pipeline.batch_check").numpy()
         if not np.allclose(everyone, everyone[0:1], rtol=1e-9, atol=0.0):
             raise ValueError("ranks were given different batches: every rank must feed PipelineModel the same "
                              "data in the same order (same dataset, same shuffle seed)")
@@ -412,10 +412,10 @@ class PipelineModel(keras.Model):
         shards = even_split(batch, self.topology.dp_size)
         begin = sum(shards[:self.topology.dp_rank])
         bounds = []
-        for size in even_split(shards[self.topology.dp_rank], self.num_microbatches):
-            if size:
-                bounds.append((begin, begin + size))
-                begin += size
+        for rows in even_split(shards[self.topology.dp_rank], self.num_microbatches):
+            if rows:
+                bounds.append((begin, begin + rows))
+                begin += rows
         return bounds
 
     def _loss_factors(self, sample_weight: Optional[tf.Tensor], batch: int,
@@ -499,11 +499,11 @@ class PipelineModel(keras.Model):
             else:
                 full = tf.zeros([batch] + tail, dtype)
             tensors.append(tf.cast(full, tf.float32) if dtype not in _REDUCIBLE else full)
-        reduced = sd.grouped_allreduce([tf.cast(local_loss, tf.float32)] + tensors, op=sd.Sum, name="pipeline.outputs")
+        reduced = grouped_allreduce([tf.cast(local_loss, tf.float32)] + tensors, op=Sum, name="pipeline.outputs")
         outputs = [tf.cast(r, tf.as_dtype(self._graph.tensors[t].dtype)) for r, t in zip(reduced[1:], self._graph.output_ids)]
         return reduced[0] / d, outputs[0] if len(outputs) == 1 else outputs
 
-    # -- checkpoints -----------------------------------------------------------------------------
+    # -- checkpoints (smdist_tf/pipeline/checkpoint.py) ---------------------------------------------
 
     def gather_weights(self) -> list[np.ndarray]:
         """Gives every rank the whole model's current weights (collective: call it on every rank).
@@ -519,24 +519,7 @@ class PipelineModel(keras.Model):
             order a plain build of the same model takes in ``set_weights``), the same on
             every rank.
         """
-        variables = self.unpartitioned.variables
-        values = []
-        for v in variables:
-            nbytes = int(np.prod(v.shape, dtype=np.int64)) * tf.as_dtype(v.dtype).size
-            first = self._holders(v)[0] == sd.rank()
-            values.append(to_bytes(tf.convert_to_tensor(v)) if first else tf.zeros([nbytes], tf.uint8))
-        # Bytes summed with zeros from every rank but the first holder: an exact copy, any dtype.
-        for v, value in zip(variables, sd.grouped_allreduce(values, op=sd.Sum, name="pipeline.gather_weights")):
-            weights_lib.set_value(v, from_bytes(value, v.dtype, v.shape))
-        self.unpartitioned._smdist_released = False  # whole again: it may be wrapped anew
-        return self.unpartitioned.get_weights()
-
-    @staticmethod
-    def _check_h5(filepath: Union[str, os.PathLike]) -> str:
-        path = os.fspath(filepath)
-        if not path.endswith(".weights.h5"):
-            raise ValueError(f"PipelineModel checkpoints are Keras .weights.h5 files; got {path!r}")
-        return path
+        return checkpoint.gather_weights(self)
 
     def save_weights(self, filepath: Union[str, os.PathLike], overwrite: bool = True, **kwargs) -> None:
         """Saves the unpartitioned model's weights (a ``.weights.h5`` file any stage count, or plain Keras, loads).
@@ -549,53 +532,7 @@ class PipelineModel(keras.Model):
             ValueError: a path not ending in ``.weights.h5``, or unsupported options (``max_shard_size``).
             FileExistsError: ``overwrite=False`` and the file exists.
         """
-        path = self._check_h5(filepath)
-        if kwargs:
-            raise ValueError(f"PipelineModel.save_weights does not support {sorted(kwargs)}")
-        exists = sd.broadcast_object(os.path.exists(path) if sd.rank() == 0 else None, name="pipeline.save_exists")
-        if exists and not overwrite:
-            raise FileExistsError(f"{path} exists and overwrite=False")
-        layout = weights_lib.checkpoint_layout(self.unpartitioned)
-        me, error = sd.rank(), None
-        if me != 0:
-            for entry in layout:
-                for _, v in entry.items:
-                    if self._holders(v)[0] == me:
-                        send([to_bytes(tf.convert_to_tensor(v))], 0, TAG_CHECKPOINT)
-        else:
-
-            store = None
-            try:
-                store = _compat.H5IOStore(path, mode="w")
-            except Exception as e:  # noqa: BLE001 - reported to every rank below
-                error = e
-            for entry in layout:
-                if error is None:
-                    try:
-                        store.make(entry.path, metadata=entry.metadata)
-                    except Exception as e:  # noqa: BLE001
-                        error = e
-                for key, v in entry.items:
-                    owner = self._holders(v)[0]
-                    # Receive even after a write failed: no message may stay behind for a later save.
-                    if owner == 0:
-                        value = tf.convert_to_tensor(v)
-                    else:
-                        value = from_bytes(recv([tf.uint8], owner, TAG_CHECKPOINT)[0], v.dtype, v.shape)
-                    if error is None:
-                        try:
-                            store[key] = value.numpy()
-                        except Exception as e:  # noqa: BLE001
-                            error = e
-            if store is not None:
-                store.close()
-        # Collective: every rank learns whether rank 0 wrote the file.
-        failure = sd.broadcast_object(None if error is None else f"{type(error).__name__}: {error}",
-                                      name="pipeline.save_weights")
-        if error is not None:
-            raise error
-        if failure is not None:
-            raise OSError(f"rank 0 could not write {path}: {failure}")
+        checkpoint.save_weights(self, filepath, overwrite, **kwargs)
 
     def load_weights(self, filepath: Union[str, os.PathLike], skip_mismatch: bool = False, **kwargs) -> None:
         """Loads an unpartitioned ``.weights.h5`` file (saved with any stage count, or by plain Keras).
@@ -606,54 +543,12 @@ class PipelineModel(keras.Model):
         Raises:
             ValueError: the file lacks a variable or has another shape for it.
         """
-        path = self._check_h5(filepath)
-        if skip_mismatch or kwargs:
-            raise ValueError("PipelineModel.load_weights does not support skip_mismatch or other options")
-
-        layout = weights_lib.checkpoint_layout(self.unpartitioned)
-        store = _compat.H5IOStore(path, mode="r")
-        try:
-            for entry in layout:
-                store.get(entry.path)
-                for key, v in entry.items:
-                    if key not in store:
-                        raise ValueError(f"{path} has no weight {entry.path}/vars/{key} for {v.path}")
-                    shape = tuple(store._h5_entry_group[key].shape)
-                    if shape != tuple(v.shape):
-                        raise ValueError(f"{path}: {entry.path}/vars/{key} has shape {shape}, {v.path} has {tuple(v.shape)}")
-            for entry in layout:
-                store.get(entry.path)
-                for key, v in entry.items:
-                    if weights_lib.is_held(v):
-                        v.assign(store[key])
-        finally:
-            store.close()
-
-    def _stage_file(self, directory: Union[str, os.PathLike]) -> str:
-        return os.path.join(os.fspath(directory), f"stage-{self.topology.pp_rank}-of-{self.num_stages}.npz")
-
-    def _stage_weight_variables(self) -> dict:
-        """This stage's variables keyed by their position in the unpartitioned model (names differ between instances)."""
-        position = {id(v): k for k, v in enumerate(self.unpartitioned.variables)}
-        out = {}
-        for c in self._runner.calls:
-            for v in c.layer.variables:
-                out[f"variable_{position[id(v)]}"] = v
-        return out
+        checkpoint.load_weights(self, filepath, skip_mismatch, **kwargs)
 
     def save_stage_weights(self, directory: Union[str, os.PathLike]) -> str:
         """Writes this stage's weights to ``directory/stage-S-of-P.npz`` (first replica of each stage). Collective."""
-        path = self._stage_file(directory)
-        if self.topology.dp_rank == 0:
-            os.makedirs(os.fspath(directory), exist_ok=True)
-            np.savez(path, **{key: np.asarray(v) for key, v in self._stage_weight_variables().items()})
-        sd.barrier(name="pipeline.save_stage_weights")
-        return path
+        return checkpoint.save_stage_weights(self, directory)
 
     def load_stage_weights(self, directory: Union[str, os.PathLike]) -> None:
         """Loads the file :meth:`save_stage_weights` wrote for this stage (same stage count)."""
-        with np.load(self._stage_file(directory)) as data:
-            for key, v in self._stage_weight_variables().items():
-                if key not in data or data[key].shape != tuple(v.shape):
-                    raise ValueError(f"{self._stage_file(directory)} does not match this stage's {v.path}")
-                v.assign(data[key])
+        checkpoint.load_stage_weights(self, directory)

@@ -80,7 +80,7 @@ def claim_deferred(variables: list) -> None:
 
 def is_held(variable: Any) -> bool:
     """Whether this process has a value for ``variable``."""
-    return getattr(variable, "_value", None) is not None
+    return variable._value is not None
 
 
 def materialize(variable: Any, scope: Optional[keras.StatelessScope]) -> None:

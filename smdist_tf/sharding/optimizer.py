@@ -34,6 +34,8 @@ import numpy as np
 import tensorflow as tf
 
 from smdist_tf.collectives import allgather, allreduce, reducescatter
+from smdist_tf.compression import Compression
+from smdist_tf.gradient_reducer import GradientReducer
 from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average, Sum
 from smdist_tf.runtime import rank, size
@@ -74,6 +76,19 @@ class ShardingSettings:
     postscale_factor: float = 1.0
     process_set: Optional[ProcessSet] = None
     clip_reduced: bool = True
+
+    @classmethod
+    def of(cls, reducer: GradientReducer, shard_gradients: bool = False) -> "ShardingSettings":
+        """The settings that reduce-scatter as ``reducer`` would reduce (``DistributedOptimizer``, the tape).
+
+        Raises:
+            ValueError: ``reducer`` compresses: a reduce-scatter has no wire compression.
+        """
+        if reducer.compression is not Compression.none:
+            raise ValueError("optimizer-state sharding: reduce-scatter has no wire compression; use Compression.none")
+        prescale, postscale = reducer.scale_factors
+        return cls(shard_gradients=shard_gradients, op=reducer.op, prescale_factor=prescale,
+                   postscale_factor=postscale, process_set=reducer.process_set)
 
     @property
     def ranks(self) -> int:
@@ -121,8 +136,9 @@ class ShardedApply:
         return True
 
     @property
-    def _smdist_settings(self) -> dict:
-        return {"process_set": self._smdist_sharding.process_set}
+    def smdist_process_set(self) -> Optional[ProcessSet]:
+        """The process set this optimizer reduces over (``None``: all ranks)."""
+        return self._smdist_sharding.process_set
 
     @property
     def shards_optimizer_state(self) -> bool:

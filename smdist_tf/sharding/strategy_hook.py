@@ -3,7 +3,7 @@
 Keras' TensorFlow optimizers record the strategy in scope when they are made
 (``TFOptimizer.__init__`` sets ``_distribution_strategy``), and must be made inside
 the scope that trains with them. ``keras.optimizers.Optimizer.__init__`` is wrapped
-(a public class, monkeypatched once per process) to turn such an optimizer into its
+(a public class, monkeypatched once per process by smdist_tf/keras/patches.py) to turn such an optimizer into its
 sharded class right there, before anything can build it: ``compile(optimizer="adam")``,
 an optimizer made by hand, and one restored by ``keras.saving.load_model`` alike.
 """
@@ -16,25 +16,20 @@ import keras
 
 from smdist_tf.sharding.optimizer import ShardingSettings, shard_in_place
 
-_installed = False
-
 
 def strategy_sharding(strategy: Any) -> Any:
     """The ``ShardingSettings`` of a sharding ``DataParallelStrategy``, else ``None``."""
     return getattr(strategy, "sharding_settings", None)
 
 
-def install_sharding_on_creation() -> None:
-    """Wraps ``keras.optimizers.Optimizer.__init__`` once per process (idempotent)."""
-    global _installed
-    if _installed:
-        return
+def patch_optimizer_creation() -> None:
+    """Wraps ``keras.optimizers.Optimizer.__init__`` (installed by smdist_tf/keras/patches.py)."""
     cls = keras.optimizers.Optimizer
     original = cls.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        settings = strategy_sharding(getattr(self, "_distribution_strategy", None))
+        settings = strategy_sharding(self._distribution_strategy)
         # A LossScaleOptimizer (or MultiOptimizer) holds the optimizers that are sharded; Keras'
         # saving makes bare ``Optimizer`` instances for reference.
         if isinstance(settings, ShardingSettings) and type(self) is not cls and not isinstance(
@@ -43,4 +38,3 @@ def install_sharding_on_creation() -> None:
 
     __init__.__doc__ = original.__doc__
     cls.__init__ = __init__
-    _installed = True

@@ -6,7 +6,6 @@ from typing import Any
 
 import keras
 
-from smdist_tf.compression import Compression
 from smdist_tf.gradient_tape import DistributedGradientTape
 from smdist_tf.sharding.optimizer import ShardingSettings, shard_in_place
 
@@ -31,15 +30,8 @@ def apply_sharded_gradients(tape: DistributedGradientTape, optimizer: keras.opti
     Raises:
         ValueError: the tape compresses or keeps local sources, or the optimizer cannot be sharded.
     """
-    if tape._compression is not Compression.none:
-        raise ValueError("apply_sharded_gradients: reduce-scatter has no wire compression; use Compression.none")
-    if tape._local_sources:
+    if tape.local_sources():
         raise ValueError("apply_sharded_gradients: local sources are not supported with sharded state")
-    prescale, postscale = 1.0, 1.0
-    if tape._predivide != 1.0:
-        prescale, postscale = 1.0 / tape._predivide, tape._predivide
-    shard_in_place(optimizer, ShardingSettings(shard_gradients=shard_gradients, op=tape._op, prescale_factor=prescale,
-                                               postscale_factor=postscale, process_set=tape._process_set))
+    shard_in_place(optimizer, ShardingSettings.of(tape.reducer, shard_gradients=shard_gradients))
     sources = list(sources)
-    grads = tape._tape.gradient(target, sources)
-    optimizer.apply(grads, sources)
+    optimizer.apply(tape.local_gradient(target, sources), sources)

@@ -1,4 +1,4 @@
-"""Fixtures for suites whose ranks may wait on each other: a failure is printed at once, a hang ends the job.
+"""Guards for every suite (tests/mp/conftest.py installs them): a failure is printed at once, a hang ends the job.
 
 A rank whose check fails leaves the test while its peers may still wait for it; the job then ends on a
 hang, and pytest's summary, printed at the end, would never come. So each failure is written to stderr as
@@ -12,48 +12,36 @@ import os
 import sys
 import threading
 import traceback
+from typing import Iterator
 
 import pytest
 
 
-def fixtures(rank: int, size: int, hang_seconds: float, name: str) -> tuple:
-    """The two autouse fixtures; assign them to module names in the suite so pytest finds them."""
+def report_at_once(report: pytest.TestReport) -> None:
+    """Writes a failed test's report to stderr now (tests/mp/conftest.py calls it for every report)."""
+    if report.failed:
+        sys.stderr.write(f"\nFAILED {report.nodeid} ({report.when}):\n{report.longreprtext[-6000:]}\n")
+        sys.stderr.flush()
 
-    class ReportFailuresAtOnce:
-        @staticmethod
-        def pytest_runtest_logreport(report):
-            if report.failed:
-                sys.stderr.write(f"\n[rank {rank}/{size}] FAILED {report.nodeid} ({report.when}):\n"
-                                 f"{report.longreprtext[-6000:]}\n")
-                sys.stderr.flush()
 
-    @pytest.fixture(scope="module", autouse=True)
-    def report_failures_at_once(request):
-        plugin = ReportFailuresAtOnce()
-        request.config.pluginmanager.register(plugin, f"{name}_failures")
-        yield
-        request.config.pluginmanager.unregister(plugin)
+def hang_guard(request: pytest.FixtureRequest, rank: int, size: int, hang_seconds: float) -> Iterator[None]:
+    """Body of an autouse fixture: exits this rank with every thread's stack if the test outlives ``hang_seconds``."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    main = threading.main_thread().ident
 
-    @pytest.fixture(autouse=True)
-    def fail_instead_of_hanging(request):
-        capture = request.config.pluginmanager.getplugin("capturemanager")
-        main = threading.main_thread().ident
+    def expire() -> None:
+        if capture is not None:
+            capture.suspend_global_capture(in_=True)  # pytest's capture would lose what follows
+        sys.stderr.write(f"\n[rank {rank}/{size}] HUNG: {request.node.nodeid} still running after "
+                         f"{hang_seconds} s\n{thread_stacks(main)}\n")
+        sys.stderr.flush()
+        os._exit(3)
 
-        def expire():
-            if capture is not None:
-                capture.suspend_global_capture(in_=True)  # pytest's capture would lose what follows
-            sys.stderr.write(f"\n[rank {rank}/{size}] HUNG: {request.node.nodeid} still running after "
-                             f"{hang_seconds} s\n{thread_stacks(main)}\n")
-            sys.stderr.flush()
-            os._exit(3)
-
-        timer = threading.Timer(hang_seconds, expire)
-        timer.daemon = True
-        timer.start()
-        yield
-        timer.cancel()
-
-    return report_failures_at_once, fail_instead_of_hanging
+    timer = threading.Timer(hang_seconds, expire)
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
 
 
 def thread_stacks(main: int) -> str:

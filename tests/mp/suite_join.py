@@ -23,7 +23,6 @@ import numpy as np
 import tensorflow as tf
 
 import smdist_tf as sd
-from tests.mp import rank_guards
 from tests.mp.collective_expectations import (
     MOVABLE,
     REDUCE_OPS,
@@ -60,7 +59,6 @@ def join_in_graph():
 JOIN_GRAPH = tf.function(join_in_graph)
 
 
-_report_failures_at_once, _fail_instead_of_hanging = rank_guards.fixtures(RANK, SIZE, HANG_S, "suite_join")
 
 
 @contextlib.contextmanager

@@ -329,7 +329,7 @@ class LoadModelTest(CompatTest):
         sd.barrier()  # read by every rank: rank 0 may clean its directory up
         self.assertIsInstance(wrapped.optimizer, HalvingSGD)
         self.assertTrue(wrapped.optimizer._smdist_reduces_in_apply)
-        self.assertIs(type(wrapped.optimizer)._smdist_settings["compression"], hvd.Compression.fp16)
+        self.assertIs(type(wrapped.optimizer)._smdist_reducer.compression, hvd.Compression.fp16)
         # Horovod: an optimizer given in custom_objects is loaded as it is.
         self.assertIs(type(as_given.optimizer), HalvingSGD)
         self.assertFalse(getattr(as_given.optimizer, "_smdist_reduces_in_apply", False))

@@ -18,12 +18,9 @@ import tensorflow as tf
 
 import smdist_tf as sd
 from smdist_tf.sharding.optimizer import ShardedApply
-from tests.mp import rank_guards
 from tests.mp.sync_assertions import SyncAssertions
 
 RANK, SIZE = sd.rank(), sd.size()
-HANG_S = 240
-_report_failures_at_once, _fail_instead_of_hanging = rank_guards.fixtures(RANK, SIZE, HANG_S, "suite_sharding")
 
 RTOL = 1e-5
 GLOBAL_BATCH = 16

@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-_installed = False
+from smdist_tf.strategy_kind import OneReplicaPerRank
+
 # model -> ((strategy, run_eagerly, jit_compile), its predict function); weak, so models can be freed.
 _predict_functions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -50,25 +51,19 @@ def _to_numpy(value: Any) -> Any:
     return value if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)) else value.numpy()
 
 
-def install_local_predict_on_batch() -> None:
-    """Patches ``keras.Model.predict_on_batch`` once per process (idempotent).
+def patch_predict_on_batch() -> None:
+    """Wraps ``keras.Model.predict_on_batch`` (installed by smdist_tf/keras/patches.py).
 
     Models under another strategy (or none) keep Keras' own method.
     """
-    global _installed
-    if _installed:
-        return
     import keras
-
-    from smdist_tf.distribute.strategy import DataParallelStrategy
 
     keras_predict_on_batch = keras.Model.predict_on_batch
 
     def predict_on_batch(self: Any, x: Any) -> Any:
-        if not isinstance(self.distribute_strategy, DataParallelStrategy):
+        if not isinstance(self.distribute_strategy, OneReplicaPerRank):
             return keras_predict_on_batch(self, x)
         return tf.nest.map_structure(_to_numpy, _local_predict_function(self)((x,)))
 
     predict_on_batch.__doc__ = keras_predict_on_batch.__doc__
     keras.Model.predict_on_batch = predict_on_batch
-    _installed = True
