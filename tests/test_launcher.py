@@ -18,12 +18,13 @@ import pytest
 import smdist_tf
 from smdist_tf.run import cluster, hosts
 from smdist_tf.run.args import DEFAULT_DISCOVERY_RESTARTS, effective_max_restarts, min_np, parse_args
+from smdist_tf.run.attempt import NotLeader, plan
 from smdist_tf.run.checks import check_environment
 from smdist_tf.run.config_file import parse_config_text
 from smdist_tf.run.errors import UsageError
 from smdist_tf.run.exit_banner import ExitBannerFilter
 from smdist_tf.run.host_discovery import DiscoveryError, choose_np, parse_output
-from smdist_tf.run.launcher import _NotLeader, main, plan
+from smdist_tf.run.launcher import main
 from smdist_tf.run.mpi_command import (
     MpiFlavour, MpiJob, build_command, exported_names, launcher_env, parse_version_output,
 )
@@ -145,7 +146,7 @@ def test_plan_uses_cluster_hosts_when_no_H():
     assert p.np == 3 and p.command[p.command.index("-H") + 1] == "localhost:3"
     p = plan(s, {**base, "SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS_PER_NODE": "2"})
     assert p.np == 2 and "localhost:2" in p.command
-    with pytest.raises(_NotLeader):
+    with pytest.raises(NotLeader):
         plan(s, {**base, "SM_HOSTS": '["localhost", "other"]', "SM_CURRENT_HOST": "other"})
     # -H wins over the cluster's view.
     p = plan(parse_args(["-H", "127.0.0.1:1", "python", "x.py"]), {**base, "SLURM_JOB_NODELIST": "localhost"})

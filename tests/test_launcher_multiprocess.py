@@ -110,6 +110,23 @@ def test_failed_rank_stops_the_others_with_its_code(np, capfd, deadline):
     assert leftovers(tag) == []
 
 
+def test_what_a_stopped_rank_printed_reaches_the_user(tmp_path, monkeypatch, capfd, deadline):
+    """Rank 0 prints its attempt line after rank 1 failed, while the job is being stopped (#40 item 10).
+
+    mpirun stops relaying a job's output once a rank's exit aborts the job; rank agents of failed
+    ranks wait for smdistrun to stop the job, so the others' lines are relayed until then.
+    """
+    deadline(60)
+    monkeypatch.setenv("LATE_LINE_DIR", str(tmp_path))
+    code = main(["-np", "2", "--max-restarts", "1", *ranks("late_line", uuid.uuid4().hex)])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert "smdistrun: restart 1 of 1 in 1 s: rank 1 (on " in err, err
+    for line in ("[0]<stdout>:attempt 0 on rank 0", "[0]<stdout>:attempt 1 on rank 0",
+                 "[1]<stdout>:attempt 1 on rank 1"):
+        assert line + "\n" in out, out
+
+
 def test_a_killed_jobs_session_files_do_not_stop_the_next_job(tmp_path, monkeypatch, capfd, deadline):
     """A killed mpirun leaves $TMPDIR/ompi.<pid>/pmix.<host>.tool behind; with pids reused, plain
     mpirun then dies at start ("The PMIx server's listener thread failed to start")."""

@@ -7,10 +7,10 @@ the module object's class is switched to a callable module type, so
 neither shadows the other (binding a function named ``run`` on the parent
 package would hide the subpackage's modules from attribute access).
 
-The launcher's modules use only the standard library (importing them still
-runs ``smdist_tf/__init__``, which loads TensorFlow); the per-rank agent and the
-``smdist_tf.run`` rank entry are started by file path, so a rank pays for no
-import it does not make itself.
+The launcher's modules use only the standard library; importing them runs
+``smdist_tf/__init__``, which resolves its TensorFlow-bound names lazily and so
+loads no TensorFlow. The per-rank agent and the ``smdist_tf.run`` rank entry are
+started by file path, so a rank pays for no import it does not make itself.
 """
 
 from __future__ import annotations

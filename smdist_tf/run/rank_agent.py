@@ -11,6 +11,10 @@ Between mpirun and the user's program it:
 * forwards termination signals to the program and the processes it started (its own
   process group), and kills them if mpirun or its daemon disappears, so no rank
   outlives the job;
+* with ``--wait-for-stop``, when the program fails, reports it and then waits to be stopped
+  instead of exiting: a rank's non-zero exit makes mpirun abort the job, and from then on
+  mpirun drops what the other ranks print (PRRTE issue #109), so the launcher ends the job
+  itself once the other ranks have ended or had a moment to print;
 * passes on the program's own word that its failure only echoes another rank's (an
   ``ECHO_EVENT`` marker line smdist_tf writes on stderr): such an exit is reported as
   stopped, so the launcher names the rank that failed first;
@@ -20,7 +24,7 @@ Between mpirun and the user's program it:
   silence those absl writes before its logging is set up; with ``--quiet-tf-startup-all``,
   on rank 0 too. The ``--output-dir`` copies keep them.
 
-Started as ``python rank_agent.py [--output-dir DIR] [--quiet-tf-startup[-all]] -- command ...``;
+Started as ``python rank_agent.py [--wait-for-stop] [--output-dir DIR] [--quiet-tf-startup[-all]] -- command ...``;
 running it by path keeps each rank's start cheap (no package import, no TensorFlow).
 """
 
@@ -43,6 +47,9 @@ ECHO_EVENT = "failed-because-of-peer"
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _KILL_GRACE_S = 3.0
+# How long a failed rank's agent waits for the launcher's stop (--wait-for-stop; the launcher stops
+# the job 1 s after the first failure at most): only a launcher gone astray makes it exit on its own.
+_FAILED_HOLD_S = 10.0
 # TensorFlow's start-up lines, identical on every rank: absl's notice, then absl-formatted
 # lines ("I0000 00:00:1795613081.366050   20408 port.cc:153] oneDNN custom operations ...")
 # whose message starts with one of these.
@@ -157,9 +164,11 @@ class _Pump(threading.Thread):
 
 
 def main(argv: list[str]) -> int:
-    output_dir, quiet_tf_startup, on_rank_zero_too = None, False, False
-    while argv[:1] in (["--output-dir"], ["--quiet-tf-startup"], ["--quiet-tf-startup-all"]):
-        if argv[0].startswith("--quiet-tf-startup"):
+    output_dir, quiet_tf_startup, on_rank_zero_too, wait_for_stop = None, False, False, False
+    while argv[:1] in (["--output-dir"], ["--quiet-tf-startup"], ["--quiet-tf-startup-all"], ["--wait-for-stop"]):
+        if argv[0] == "--wait-for-stop":
+            wait_for_stop, argv = True, argv[1:]
+        elif argv[0].startswith("--quiet-tf-startup"):
             quiet_tf_startup, on_rank_zero_too, argv = True, argv[0].endswith("-all"), argv[1:]
         elif len(argv) >= 2:
             output_dir, argv = argv[1], argv[2:]
@@ -240,7 +249,20 @@ def main(argv: list[str]) -> int:
     exit_code = 128 + signum if signum else code
     echoed = pumps[1].echoed
     marker(f"exit {rank} {exit_code} {signum} {int(stopped.is_set() or echoed)}")
+    if wait_for_stop and exit_code != 0 and not stopped.is_set():
+        hold_until_stopped(stopped, parent)
     return exit_code
+
+
+def hold_until_stopped(stopped: threading.Event, parent: int) -> None:
+    """Waits for a stop signal (or mpirun's end) before a failed rank's agent exits.
+
+    Its exit would make mpirun abort the job and drop the other ranks' output still on its way;
+    the launcher stops the job once the others have ended or had a moment to print.
+    """
+    deadline = time.monotonic() + _FAILED_HOLD_S
+    while not stopped.wait(0.1) and os.getppid() == parent and time.monotonic() < deadline:
+        pass
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from smdist_tf.run import hosts as hostlib
 from smdist_tf.run.args import LaunchSettings, effective_max_restarts, min_np
 from smdist_tf.run.errors import UsageError
 from smdist_tf.run.host_discovery import Discovered, DiscoveryError, discover
-from smdist_tf.run.launcher import STOP_SIGNALS, LaunchPlan, say, launch, plan
+from smdist_tf.run.attempt import STOP_SIGNALS, LaunchPlan, launch, plan, say
 from smdist_tf.run.supervisor import Outcome
 
 RESTART_COUNT_ENV = "SMDIST_RESTART_COUNT"

@@ -3,6 +3,10 @@
 The rank agents (rank_agent.py) report each rank's start and exit with marker
 lines on stderr; this module strips those from the output and uses them to
 name the first rank that failed and to enforce the start timeout.
+
+A failed rank's agent does not exit until it is stopped (mpirun would abort the job
+and drop the other ranks' output still on its way), so this module stops the job:
+once every rank has ended, or ``FAILURE_STOP_S`` after the first failure.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from smdist_tf.run.exit_banner import ExitBannerFilter
 from smdist_tf.run.rank_agent import MARKER, parent_death_signal
 
 STOP_GRACE_S = 5.0  # after SIGTERM, how long mpirun gets before SIGKILL
-FAILURE_STOP_S = 1.0  # after a rank fails, how long mpirun gets to stop the rest itself
+FAILURE_STOP_S = 1.0  # after a rank fails, how long the others get to end (and print) before the stop
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class Supervisor:
         self.events: queue.Queue = queue.Queue()
         self.interrupted: int | None = None  # set from a signal handler
         self.proc: subprocess.Popen | None = None
+        self.stopped_after_failure = False
 
     def _pump(self, pipe: IO[bytes], stream: IO) -> None:
         banner = ExitBannerFilter() if self.quiet_exit_banner else None
@@ -158,11 +163,13 @@ class Supervisor:
                 outcome.reason = f"interrupted by {name}"
                 stopping = True
                 threading.Thread(target=self._terminate, daemon=True).start()
-            if outcome.failed_rank and stop_deadline is None:
+            failed = any(e.code != 0 for e in outcome.exits.values())
+            if failed and stop_deadline is None:
                 stop_deadline = now + FAILURE_STOP_S
-            if stop_deadline is not None and now > stop_deadline and not stopping:
-                # mpirun normally stops the others itself; make sure of it.
-                stopping = True
+            every_rank_ended = len(outcome.exits) >= self.np
+            if stop_deadline is not None and (now > stop_deadline or every_rank_ended) and not stopping:
+                # Failed ranks' agents wait for this stop; mpirun has relayed the output of every rank that ended.
+                stopping = self.stopped_after_failure = True
                 threading.Thread(target=self._terminate, daemon=True).start()
             if len(outcome.started) < self.np and now > start_deadline and not stopping:
                 outcome.reason = (f"only {len(outcome.started)} of {self.np} ranks started within "
@@ -203,6 +210,11 @@ class Supervisor:
             return outcome.failed_rank.code
         if outcome.reason:  # start timeout
             return 1
+        failed = [e for e in outcome.exits.values() if e.code != 0]
+        if self.stopped_after_failure and failed:  # every failed rank only echoed another's
+            outcome.failed_rank = failed[0]
+            outcome.reason = f"{failed[0].describe(outcome.started.get(failed[0].rank))} after another rank ended"
+            return failed[0].code
         if mpirun_code < 0:
             outcome.reason = f"mpirun was killed by signal {-mpirun_code}"
             return 128 - mpirun_code

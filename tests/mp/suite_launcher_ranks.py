@@ -51,6 +51,25 @@ def kill_self(tag: str) -> None:
     time.sleep(60)
 
 
+def late_line(tag: str) -> None:
+    """Each rank prints its attempt line; on the first attempt rank 0 prints it only after rank 1 has failed.
+
+    ``LATE_LINE_DIR`` is a directory the test made: rank 1 marks its failure there.
+    """
+    restart = os.environ["SMDIST_RESTART_COUNT"]
+    failed = os.path.join(os.environ["LATE_LINE_DIR"], f"failed.{restart}")
+    if restart == "0" and RANK == 1:
+        open(failed, "w").close()
+        sys.exit(5)
+    if restart == "0":
+        while not os.path.exists(failed):
+            time.sleep(0.01)
+        time.sleep(0.1)  # rank 1 has exited by now: this rank is printing while the job is being stopped
+    print(f"attempt {restart} on rank {RANK}", flush=True)
+    if restart == "0":
+        time.sleep(60)  # only the stop ends it
+
+
 def hang_with_child(tag: str) -> None:
     """Starts a grandchild (sleep) carrying the tag, says ready, then sleeps: only a stop ends it."""
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", tag])
@@ -137,7 +156,7 @@ def raise_on_rank_one() -> int:
 
 
 MODES = {"echo": echo, "fail_one": fail_one, "kill_self": kill_self, "hang_with_child": hang_with_child,
-         "topology": topology, "tf_startup": tf_startup, "engine_flags": engine_flags}
+         "late_line": late_line, "topology": topology, "tf_startup": tf_startup, "engine_flags": engine_flags}
 
 if __name__ == "__main__":
     MODES[sys.argv[1]](sys.argv[2] if len(sys.argv) > 2 else "")
