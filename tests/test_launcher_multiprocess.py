@@ -2,7 +2,7 @@
 lines from rank 0 only, failures, signals, smdist_tf.run, bad arguments, and two hosts made of Linux
 network namespaces.
 
-Launcher mechanics run tiny standard-library rank programs (tests/mp/suite_launcher_ranks.py)
+Launcher mechanics run tiny standard-library rank programs (tests/mp/launcher_ranks.py)
 so each job starts in well under a second; only the programmatic-allreduce, engine-flag,
 TensorFlow start-up and two-host tests import TensorFlow on the ranks. Most jobs run main() in this process; the SIGTERM test
 runs the real console script.
@@ -30,7 +30,7 @@ from smdist_tf.run import RunError
 from smdist_tf.run.launcher import main
 
 ROOT = Path(__file__).resolve().parent.parent
-RANKS = str(ROOT / "tests" / "mp" / "suite_launcher_ranks.py")
+RANKS = str(ROOT / "tests" / "mp" / "launcher_ranks.py")
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -331,7 +331,7 @@ def test_bad_arguments_exit_2_and_start_nothing(make_argv, tmp_path, capfd):
 
 def test_programmatic_run_returns_each_ranks_result(deadline):
     deadline(120)
-    from tests.mp import suite_launcher_ranks as fns
+    from tests.mp import launcher_ranks as fns
 
     assert smdist_tf.run(fns.add_rank, args=(40,), kwargs={"y": 2}, np=3) == [
         {"rank": r, "sum": 42} for r in range(3)]
@@ -342,7 +342,7 @@ def test_programmatic_run_returns_each_ranks_result(deadline):
 
 def test_programmatic_run_raises_with_the_failing_ranks_traceback(deadline):
     deadline(60)
-    from tests.mp import suite_launcher_ranks as fns
+    from tests.mp import launcher_ranks as fns
 
     with pytest.raises(RunError, match=r"(?s)rank 1 exited with code 1.*ValueError: rank one refuses") as info:
         smdist_tf.run(fns.raise_on_rank_one, np=2)

@@ -1,6 +1,6 @@
 """What the ranks run in tests/test_launcher_multiprocess.py (not a pytest module).
 
-``python tests/mp/suite_launcher_ranks.py MODE TAG`` runs one mode; the tag is
+``python tests/mp/launcher_ranks.py MODE TAG`` runs one mode; the tag is
 put on every process's command line so the test can look for leftovers. The
 launcher-mechanics modes use only the standard library (no TensorFlow import),
 so they start in milliseconds; ``topology``, ``engine_flags`` and ``allreduce_info`` use
