@@ -322,10 +322,11 @@ Status Engine::Membership(int32_t process_set_id, ProcessSetMembership* out, boo
   return Status::OK();
 }
 
-std::vector<std::string> Engine::cached_names() {
+Status Engine::CachedNames(std::vector<std::string>* out) {
   std::shared_ptr<CollectiveStream> global;
-  if (!StreamOf(0, &global).ok()) return {};
-  return global->cached_names();
+  SMDIST_RETURN_IF_ERROR(StreamOf(0, &global));
+  *out = global->cached_names();
+  return Status::OK();
 }
 
 std::vector<std::string> Engine::DescribeAllreducePlan(const std::vector<int64_t>& counts, DataType dtype,

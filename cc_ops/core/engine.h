@@ -103,8 +103,10 @@ class Engine {
   // Any thread; the block may outlive the engine.
   std::unique_ptr<SharedOutputBlock> AllocateSharedOutput(int64_t bytes);
   int64_t shared_output_bytes_in_use() const;
-  // The response cache's names, most recently executed first (tests).
-  std::vector<std::string> cached_names();
+  // The response cache's names, most recently executed first (tests). An
+  // error once the engine stopped (a peer's shutdown() stops it here too):
+  // an empty list would read as a cache that disagrees with the peers'.
+  Status CachedNames(std::vector<std::string>* out);
   // How an allreduce of host tensors of these element counts would run here
   // now: one "<transport> in_place|packed <member>,..." line per step of the
   // fusion planner's plan (tests). Empty when not running.

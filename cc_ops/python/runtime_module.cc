@@ -122,7 +122,9 @@ PYBIND11_MODULE(_runtime, m) {
   });
   m.def("_cached_names", [] {
     py::gil_scoped_release release;  // waits for a running cycle
-    return smdist::Engine::Instance().cached_names();
+    std::vector<std::string> names;
+    RaiseIfError(smdist::Engine::Instance().CachedNames(&names));
+    return names;
   });
   m.def("_allreduce_plan", [](const std::vector<int64_t>& counts, const std::string& dtype,
                               const std::string& compression, double prescale) {

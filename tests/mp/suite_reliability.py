@@ -31,6 +31,12 @@ def shared_temp_dir() -> str:
     return sd.broadcast_object(tempfile.mkdtemp() if RANK == 0 else None)
 
 
+def every_ranks_cached_names() -> list[list[str]]:
+    """Each rank's response-cache names. A collective, so that every rank has read its own before any rank can
+    go on to shut the engine down (a tearDown's shutdown() stops it on every rank)."""
+    return sd.allgather_object(_rt._cached_names())
+
+
 def resident_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -116,7 +122,7 @@ class NameMemoryTest(tf.test.TestCase):
         self.assertLess(after_first - start, 20, f"RSS grew {after_first - start:.1f} MiB over 2000 names")
         self.assertLess(after_second - after_first, 5, f"RSS grew {after_second - after_first:.1f} MiB more")
         capacity = sd.engine_config()["cache_capacity"]
-        self.assertLessEqual(len(_rt._cached_names()), capacity)
+        self.assertEqual([len(names) for names in every_ranks_cached_names()], [capacity] * SIZE)  # full, no more
 
 
 class ResponseCacheEvictionTest(tf.test.TestCase):
@@ -138,12 +144,10 @@ class ResponseCacheEvictionTest(tf.test.TestCase):
             self.reduce(name)
         self.reduce("lru.a")  # a cache hit: a becomes the most recent
         self.reduce("lru.e")  # evicts b, the least recent
-        names = _rt._cached_names()
-        self.assertEqual(names, ["lru.e", "lru.a", "lru.d", "lru.c"])
-        self.assertEqual(sd.allgather_object(names), [names] * SIZE)
+        self.assertEqual(every_ranks_cached_names(), [["lru.e", "lru.a", "lru.d", "lru.c"]] * SIZE)
         for name in ["lru.b", "lru.c", "lru.f", "lru.a", "lru.b"]:  # re-negotiated after eviction, then cached
             self.reduce(name)
-        self.assertEqual(_rt._cached_names(), ["lru.b", "lru.a", "lru.f", "lru.c"])
+        self.assertEqual(every_ranks_cached_names(), [["lru.b", "lru.a", "lru.f", "lru.c"]] * SIZE)
 
     def test_collective_pending_when_evicted_completes(self):
         # Rank 0 submits a cached collective that the others submit only after two new
@@ -171,7 +175,9 @@ class ResponseCacheEvictionTest(tf.test.TestCase):
             outs = sd.grouped_allreduce([tf.fill([2], float(i + RANK)) for i in range(10)], op=sd.Sum, name="lru.group")
             for i, out in enumerate(outs):
                 self.assertAllEqual(out, np.full([2], SIZE * i + SIZE * (SIZE - 1) / 2, np.float32))
-        self.assertEqual(len(_rt._cached_names()), 4)
+        every = every_ranks_cached_names()
+        self.assertEqual(every, [every[0]] * SIZE)
+        self.assertEqual(len(every[0]), 4)
 
 
 class MalformedSettingTest(tf.test.TestCase):
