@@ -1,11 +1,13 @@
 #include "collective_executor.h"
 
+#include <initializer_list>
 #include <string>
 
 #include "common/cuda_runtime.h"
+#include "common/reducescatter_rows.h"
 #include "common/reduction.h"
 #include "common/span_staging.h"
-#include "control/coordinator.h"
+#include "transports/transport_choice.h"
 
 namespace smdist {
 namespace {
@@ -18,6 +20,14 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// The first failure among `statuses`, or OK.
+Status FirstFailure(std::initializer_list<Status> statuses) {
+  for (const Status& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 void CollectiveExecutor::Trace(const char* phase, Timeline::Clock::time_point begin,
@@ -28,22 +38,8 @@ void CollectiveExecutor::Trace(const char* phase, Timeline::Clock::time_point be
 }
 
 Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorEntry>* entries) {
-  Status transport_status;
-  Status result;
-  entry_status_ = Status::OK();
-  contributors_ = topology_.size - static_cast<int>(response.joined.size());
   const auto start = Timeline::Clock::now();
-  if (timeline_->active()) {
-    tracing_ = response.names;
-    for (const TensorEntry& e : *entries) {
-      // Whether TensorFlow let the op reuse its input as its output (it
-      // forwards a buffer nothing else holds): in place, no second buffer.
-      const char* in_place = e.output == nullptr    ? nullptr
-                             : e.output == e.input ? "\"in_place\":true"
-                                                    : "\"in_place\":false";
-      timeline_->Record({e.name}, "NEGOTIATE", e.enqueued_at, start, in_place, process_set_id_);
-    }
-  }
+  Begin(response, *entries, start);
   // Data on a device is read only once the work that produces it has run. A
   // tensor that never becomes ready still takes part (the peers are already
   // in the collective) and then fails.
@@ -51,24 +47,57 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
   for (const TensorEntry& e : *entries) {
     if (e.ready_event && ready.ok()) ready = e.ready_event->Wait();
   }
+  Status outcome;           // what every entry reports
+  Status transport_failure;  // leaves the ranks out of step
+  if (response.response_type == ResponseType::kError) {
+    outcome = response.invalid_input ? Status::InvalidArgument(response.error)
+                                     : Status::PreconditionFailed(response.error);
+    Trace("ERROR", start);
+  } else {
+    transport_failure = RunCollective(response, entries, ready, &outcome);
+    if (response.type != CollectiveType::kAllreduce) Trace(CollectiveTypeName(response.type), start);
+  }
+  for (TensorEntry& e : *entries) {
+    if (e.done) e.done(outcome);
+  }
+  // Allocation failures leave the ranks in step; a transport failure does not.
+  return transport_failure;
+}
+
+void CollectiveExecutor::Begin(const Response& response, const std::vector<TensorEntry>& entries,
+                               Timeline::Clock::time_point start) {
+  entry_status_ = Status::OK();
+  on_device_ = false;
+  contributors_ = topology_.size - static_cast<int>(response.joined.size());
+  if (!timeline_->active()) return;
+  tracing_ = response.names;
+  for (const TensorEntry& e : entries) {
+    // Whether TensorFlow let the op reuse its input as its output (it
+    // forwards a buffer nothing else holds): in place, no second buffer.
+    const char* in_place = e.output == nullptr    ? nullptr
+                           : e.output == e.input ? "\"in_place\":true"
+                                                  : "\"in_place\":false";
+    timeline_->Record({e.name}, "NEGOTIATE", e.enqueued_at, start, in_place, process_set_id_);
+  }
+}
+
+Status CollectiveExecutor::RunCollective(const Response& response, std::vector<TensorEntry>* entries,
+                                         const Status& ready, Status* outcome) {
   // GPU tensors go to a device transport when one takes the whole response;
   // otherwise through host memory, for the host transports.
   Status staged;
   bool staged_in = false;  // this response's GPU tensors went to host memory
-  Status refused;
-  const bool moves_data = response.response_type != ResponseType::kError &&
-                          response.type != CollectiveType::kBarrier && response.type != CollectiveType::kJoin;
-  on_device_ = false;
+  const bool moves_data = response.type != CollectiveType::kBarrier && response.type != CollectiveType::kJoin;
   if (moves_data && !(*entries)[0].device.is_cpu()) {
     DataTransport* device_transport = response.joined.empty() ? FirstEnabled(data_plane_, WorkOf(*entries)) : nullptr;
     if (device_transport != nullptr) {
       on_device_ = true;
       device_ = (*entries)[0].device.id;
-      Status used = device_transport->UseDevice((*entries)[0].device, (*entries)[0].stream);
-      if (used.code() == StatusCode::kPreconditionFailed) {
-        refused = used;  // the same on every rank: fail the collective, keep going
-      } else {
-        transport_status = used;
+      const Status used = device_transport->UseDevice((*entries)[0].device, (*entries)[0].stream);
+      if (!used.ok()) {
+        *outcome = used;
+        // PreconditionFailed is the same on every rank: fail the collective, keep going.
+        return used.code() == StatusCode::kPreconditionFailed ? Status::OK() : used;
       }
     } else {
       const auto t0 = Timeline::Clock::now();
@@ -77,56 +106,35 @@ Status CollectiveExecutor::Execute(const Response& response, std::vector<TensorE
       Trace("MEMCPY_IN_HOST_BUFFER", t0);
     }
   }
-  if (response.response_type == ResponseType::kError) {
-    result = response.invalid_input ? Status::InvalidArgument(response.error)
-                                    : Status::PreconditionFailed(response.error);
-  } else if (transport_status.ok() && refused.ok()) {
-    switch (response.type) {
-      case CollectiveType::kAllreduce:
-        transport_status = Allreduce(entries);
-        break;
-      case CollectiveType::kAllgather:
-        transport_status = Allgather(&(*entries)[0], response.sizes);
-        break;
-      case CollectiveType::kBroadcast:
-        transport_status = Broadcast(&(*entries)[0]);
-        break;
-      case CollectiveType::kAlltoall:
-        transport_status = Alltoall(&(*entries)[0], response.sizes);
-        break;
-      case CollectiveType::kReducescatter:
-        transport_status = Reducescatter(&(*entries)[0]);
-        break;
-      case CollectiveType::kBarrier:
-        // Negotiation completing means every rank has arrived.
-        break;
-      case CollectiveType::kJoin:
-        *static_cast<int32_t*>((*entries)[0].output) = response.last_joined;
-        break;
-    }
+  const Status transport_failure = Dispatch(response, entries);
+  if (staged_in && staged.ok() && transport_failure.ok()) {
+    const auto t0 = Timeline::Clock::now();
+    staged = staging_.StageOut();
+    Trace("MEMCPY_OUT_HOST_BUFFER", t0);
   }
-  if (response.response_type != ResponseType::kError) {
-    if (staged_in && staged.ok() && transport_status.ok()) {
-      const auto t0 = Timeline::Clock::now();
-      staged = staging_.StageOut();
-      Trace("MEMCPY_OUT_HOST_BUFFER", t0);
-    }
-    result = !transport_status.ok() ? transport_status
-             : !refused.ok()        ? refused
-             : !ready.ok()          ? ready
-             : !staged.ok()         ? staged
-                                    : entry_status_;
+  *outcome = FirstFailure({transport_failure, ready, staged, entry_status_});
+  return transport_failure;
+}
+
+Status CollectiveExecutor::Dispatch(const Response& response, std::vector<TensorEntry>* entries) {
+  TensorEntry* first = &(*entries)[0];
+  switch (response.type) {
+    case CollectiveType::kAllreduce:
+      return Allreduce(entries);
+    case CollectiveType::kAllgather:
+      return Allgather(first, response.sizes);
+    case CollectiveType::kBroadcast:
+      return Broadcast(first);
+    case CollectiveType::kAlltoall:
+      return Alltoall(first, response.sizes);
+    case CollectiveType::kReducescatter:
+      return Reducescatter(first);
+    case CollectiveType::kBarrier:
+      return Status::OK();  // negotiation completing means every rank has arrived
+    case CollectiveType::kJoin:
+      return Join(first, response.last_joined);
   }
-  if (response.response_type == ResponseType::kError) {
-    Trace("ERROR", start);
-  } else if (response.type != CollectiveType::kAllreduce) {
-    Trace(CollectiveTypeName(response.type), start);
-  }
-  for (TensorEntry& e : *entries) {
-    if (e.done) e.done(result);
-  }
-  // Allocation failures leave the ranks in step; a transport failure does not.
-  return transport_status;
+  return Status::OK();
 }
 
 void CollectiveExecutor::FinishReduction(DataType dtype, ReduceOp op, double postscale,
@@ -289,6 +297,11 @@ Status CollectiveExecutor::Alltoall(TensorEntry* e, const std::vector<int64_t>& 
   DataTransport* transport = TransportFor(*e);
   if (transport == nullptr) return Status::OK();
   return transport->Alltoallv(e->input, send_counts, out, recv_counts, e->dtype);
+}
+
+Status CollectiveExecutor::Join(TensorEntry* e, int32_t last_joined) {
+  *static_cast<int32_t*>(e->output) = last_joined;  // what every rank's join() returns
+  return Status::OK();
 }
 
 Status CollectiveExecutor::Reducescatter(TensorEntry* e) {

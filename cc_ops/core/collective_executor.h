@@ -37,6 +37,18 @@ class CollectiveExecutor {
   Status Execute(const Response& response, std::vector<TensorEntry>* entries);
 
  private:
+  // Sets up the per-response state (entry_status_, device, contributors_)
+  // and marks in the timeline how long `entries` waited for negotiation.
+  void Begin(const Response& response, const std::vector<TensorEntry>& entries, Timeline::Clock::time_point start);
+  // A collective response where its tensors can be reached: on a device
+  // transport that takes them all, else staged through host memory. Returns
+  // a transport failure; `outcome` gets what the entries report (the first
+  // failure, `ready` after the transport's).
+  Status RunCollective(const Response& response, std::vector<TensorEntry>* entries, const Status& ready,
+                       Status* outcome);
+  // The collective itself, by kind: one function each.
+  Status Dispatch(const Response& response, std::vector<TensorEntry>* entries);
+
   Status Allreduce(std::vector<TensorEntry>* entries);
   // One step of the planner's plan over `spans` (the step's non-empty tensors).
   Status AllreduceStep(const AllreduceStep& step, const TensorEntry& first, std::vector<TensorSpan> spans);
@@ -44,6 +56,8 @@ class CollectiveExecutor {
   Status Broadcast(TensorEntry* entry);
   Status Alltoall(TensorEntry* entry, const std::vector<int64_t>& split_matrix);
   Status Reducescatter(TensorEntry* entry);
+  // Join: every rank's join() returns the rank that joined last.
+  Status Join(TensorEntry* entry, int32_t last_joined);
 
   // The transport for a non-allreduce collective on `entry`'s device, or null
   // (entry_status_ then says why).

@@ -2,16 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
-#include <unordered_map>
 
 #include "collective_executor.h"
 #include "common/logging.h"
-#include "control/coordinator.h"
+#include "common/numbered_names.h"
 #include "control/fusion_planner.h"
-#include "control/numbered_names.h"
+#include "control/negotiator.h"
 #include "control/parameter_tuner.h"
-#include "control/response_cache.h"
 #include "joined_participation.h"
 
 namespace smdist {
@@ -19,24 +16,13 @@ namespace smdist {
 struct CollectiveStream::CycleState {
   CycleState(const Transports& transports, const std::vector<int>& members, const EngineConfig& config,
              Timeline* timeline, int32_t process_set_id)
-      : cache(config.cache_capacity),
-        planner(config.fusion_threshold_bytes),
-        coordinator(members, &planner,
-                    StallInspector(config.stall_check_seconds, config.stall_shutdown_seconds),
-                    config.cache_capacity > 0 ? &cache : nullptr),
+      : planner(config.fusion_threshold_bytes),
+        negotiator(members, config, &planner, transports.control()),
         executor(transports.topology(), transports.data_plane(), &planner, timeline, process_set_id) {}
 
-  struct CachedPending {
-    Request request;
-    std::chrono::steady_clock::time_point since;
-  };
-  ResponseCache cache;
   FusionPlanner planner;  // one for negotiation (both paths) and execution
-  Coordinator coordinator;
+  Negotiator negotiator;
   CollectiveExecutor executor;
-  std::map<int64_t, CachedPending> cached_pending;  // by cache bit
-  std::vector<Request> requeued;  // evicted while pending: renegotiate in full
-  bool joined = false;  // this rank's join() is in flight
   std::unique_ptr<ParameterTuner> tuner;  // SMDIST_AUTOTUNE, process set 0 only
   int64_t cycle_bytes = 0;                // moved by this cycle's collectives, while tuning
 };
@@ -169,7 +155,7 @@ int CollectiveStream::failed_peer() const {
 
 std::vector<std::string> CollectiveStream::cached_names() {
   std::lock_guard<std::mutex> cycle(cycle_mu_);
-  return cycle_state_ ? cycle_state_->cache.NamesByRecency() : std::vector<std::string>();
+  return cycle_state_ ? cycle_state_->negotiator.cached_names() : std::vector<std::string>();
 }
 
 bool CollectiveStream::tuned_parameters(TunableParameters* out, bool* finished) const {
@@ -263,116 +249,6 @@ bool CollectiveStream::RunCycleLocked() {
   return go_on;
 }
 
-namespace {
-constexpr uint64_t kNotShuttingDown = 1, kNothingUncached = 2, kNoStallSuspected = 4,
-                   kCoordinatorIdle = 8, kNobodyJoined = 16;
-constexpr uint64_t kFastPath = kNotShuttingDown | kNothingUncached | kCoordinatorIdle | kNobodyJoined;
-
-bool TestBit(const std::vector<uint64_t>& words, int64_t bit) {
-  return (words[1 + bit / 64] >> (bit % 64)) & 1u;
-}
-}  // namespace
-
-Status CollectiveStream::NegotiateCached(CycleState* state, std::vector<Request>* uncached,
-                                         std::vector<Response>* ready, bool* needs_full) {
-  ResponseCache& cache = state->cache;
-  const auto now = std::chrono::steady_clock::now();
-  // A cached collective pending this long is renegotiated in full so rank 0's
-  // stall inspector can name the missing ranks.
-  double stall_after = config_.stall_check_seconds;
-  if (stall_after <= 0 || (config_.stall_shutdown_seconds > 0 &&
-                           config_.stall_shutdown_seconds < stall_after)) {
-    stall_after = config_.stall_shutdown_seconds;
-  }
-  bool stall_suspected = false;
-  std::vector<uint64_t> words(1 + (cache.capacity() + 63) / 64, 0);
-  for (const auto& kv : state->cached_pending) {
-    words[1 + kv.first / 64] |= uint64_t{1} << (kv.first % 64);
-    const double waited = std::chrono::duration<double>(now - kv.second.since).count();
-    stall_suspected |= stall_after > 0 && waited >= stall_after;
-  }
-  if (!shutdown_requested_) words[0] |= kNotShuttingDown;
-  if (uncached->empty()) words[0] |= kNothingUncached;
-  if (!stall_suspected) words[0] |= kNoStallSuspected;
-  if (!state->coordinator.HasPending()) words[0] |= kCoordinatorIdle;  // only rank 0's can be busy
-  if (!state->joined) words[0] |= kNobodyJoined;
-  std::vector<uint64_t> mine = words;
-  SMDIST_RETURN_IF_ERROR(transports_->control()->AllreduceBits(&words, /*bitwise_and=*/true));
-
-  std::vector<int64_t> ready_bits;
-  for (const auto& kv : state->cached_pending) {
-    if (TestBit(words, kv.first)) ready_bits.push_back(kv.first);  // ascending: same order everywhere
-  }
-  std::unordered_map<std::string, int64_t> bit_of;
-  for (int64_t bit : ready_bits) {
-    cache.Touch(bit);  // in ascending bit order: the same recency on every rank
-    Response r = cache.response(bit);
-    r.names = {cache.name(bit)};
-    bit_of[cache.name(bit)] = bit;
-    ready->push_back(std::move(r));
-    state->cached_pending.erase(bit);
-  }
-  state->planner.Fuse(ready, [&cache, &bit_of](const std::string& name) -> const Request& {
-    return cache.params(bit_of.at(name));
-  });
-  *needs_full = (words[0] & kFastPath) != kFastPath;
-  if ((words[0] & kNoStallSuspected) == 0) {
-    // Everyone forgets every collective still pending anywhere and sends the
-    // ones it holds in full; the same evictions happen on every rank.
-    std::vector<uint64_t> any = mine;
-    any[0] = 0;
-    SMDIST_RETURN_IF_ERROR(transports_->control()->AllreduceBits(&any, /*bitwise_and=*/false));
-    for (int64_t bit = 0; bit < cache.capacity(); ++bit) {
-      if (!TestBit(any, bit)) continue;
-      auto it = state->cached_pending.find(bit);
-      if (it != state->cached_pending.end()) {
-        uncached->push_back(it->second.request);
-        state->cached_pending.erase(it);
-      }
-      cache.Erase(cache.name(bit));
-    }
-    *needs_full = true;
-  }
-  if ((words[0] & kNobodyJoined) == 0) {
-    // A joined rank sets no bits, so none of these can become ready here:
-    // the coordinator completes them without it. They stay cached.
-    for (auto& kv : state->cached_pending) {
-      kv.second.request.cached = true;
-      uncached->push_back(std::move(kv.second.request));
-    }
-    state->cached_pending.clear();
-  }
-  return Status::OK();
-}
-
-Status CollectiveStream::NegotiateFull(CycleState* state, std::vector<Request> uncached, ResponseList* out) {
-  RequestList mine;
-  mine.requests = std::move(uncached);
-  mine.shutdown = shutdown_requested_.load();
-  if (mine.shutdown) {
-    std::lock_guard<std::mutex> lock(state_mu_);
-    mine.failure = failure_;
-  }
-  std::vector<std::vector<uint8_t>> gathered;
-  SMDIST_RETURN_IF_ERROR(transports_->control()->GatherToRoot(mine.Serialize(), &gathered));
-  std::vector<uint8_t> bytes;
-  if (transports_->topology().rank == 0) {
-    for (size_t r = 0; r < gathered.size(); ++r) {
-      RequestList list;
-      if (!RequestList::Parse(gathered[r].data(), gathered[r].size(), &list)) {
-        return Status::Unknown("malformed request list from rank " + std::to_string(r));
-      }
-      state->coordinator.Add(list, static_cast<int>(r));
-    }
-    bytes = state->coordinator.BuildResponses().Serialize();
-  }
-  SMDIST_RETURN_IF_ERROR(transports_->control()->BroadcastFromRoot(&bytes));
-  if (!ResponseList::Parse(bytes.data(), bytes.size(), out)) {
-    return Status::Unknown("malformed response list");
-  }
-  return Status::OK();
-}
-
 Status CollectiveStream::SyncTuning(CycleState* state) {
   const auto now = std::chrono::steady_clock::now();
   const bool root = transports_->topology().rank == 0;
@@ -406,8 +282,8 @@ bool CollectiveStream::Execute(CycleState* state, const Response& response, bool
     // The collective cannot complete without this rank: its join() fails
     // with the same error, so every rank sees it. Only the join that was in
     // flight: one submitted since then is not negotiated yet.
-    if (state->joined) {
-      state->joined = false;
+    if (state->negotiator.join_in_flight()) {
+      state->negotiator.JoinEnded();
       TensorEntry join;
       Request join_request;
       if (queue_.Take(kJoinName, &join, &join_request) && join.done) {
@@ -442,32 +318,8 @@ bool CollectiveStream::Execute(CycleState* state, const Response& response, bool
       state->cycle_bytes += NumElements(e.shape) * static_cast<int64_t>(DataTypeSize(e.dtype));
     }
   }
-  if (response.type == CollectiveType::kJoin) state->joined = false;
-  // Join, and collectives some rank took part in without an entry, happen
-  // only now: there is nothing to remember.
-  if (remember && response.response_type == ResponseType::kCollective && response.joined.empty() &&
-      response.type != CollectiveType::kJoin && state->cache.capacity() > 0) {
-    // Every rank executes the same responses in the same order, so every
-    // cache assigns the same bits.
-    // Copied once without its names: copying a fused response per member made
-    // remembering a group of n tensors cost n^2 name copies.
-    Response single = response;
-    single.names.clear();
-    for (const Request& request : requests) {
-      // Numbered unnamed eager collectives ("allreduce.noname.7") never recur:
-      // caching them would only crowd out the ones that do. A rule on the name
-      // alone, which every rank shares, keeps the caches' bits in step.
-      if (IsNumberedCallName(request.name)) continue;
-      single.names.assign(1, request.name);
-      const int64_t evicted = state->cache.Put(request, single);
-      auto pending = state->cached_pending.find(evicted);
-      if (pending != state->cached_pending.end()) {
-        // Submitted here as cached, now evicted everywhere: negotiate it in full.
-        state->requeued.push_back(std::move(pending->second.request));
-        state->cached_pending.erase(pending);
-      }
-    }
-  }
+  if (response.type == CollectiveType::kJoin) state->negotiator.JoinEnded();
+  if (remember) state->negotiator.Remember(response, requests);
   return true;
 }
 
@@ -493,29 +345,22 @@ bool CollectiveStream::RunCycle(CycleState* state) {
   const auto cycle_start = Timeline::Clock::now();
   std::vector<Request> fresh;
   queue_.PopRequests(&fresh);
-  for (const Request& r : fresh) state->joined |= r.type == CollectiveType::kJoin;
-  std::vector<Request> uncached = std::move(state->requeued);
-  state->requeued.clear();
-
+  std::vector<Request> uncached;
   std::vector<Response> cached_ready;
   bool needs_full = true;
-  Status s;
-  if (state->cache.capacity() > 0) {
-    const auto now = std::chrono::steady_clock::now();
-    for (Request& r : fresh) {
-      const int64_t bit = state->cache.Lookup(r);
-      if (bit >= 0) {
-        state->cached_pending[bit] = CycleState::CachedPending{std::move(r), now};
-      } else {
-        uncached.push_back(std::move(r));
-      }
-    }
-    s = NegotiateCached(state, &uncached, &cached_ready, &needs_full);
-  } else {
-    for (Request& r : fresh) uncached.push_back(std::move(r));
-  }
+  Status s = state->negotiator.NegotiateCached(std::move(fresh), shutdown_requested_.load(), &uncached,
+                                               &cached_ready, &needs_full);
   ResponseList full;
-  if (s.ok() && needs_full) s = NegotiateFull(state, std::move(uncached), &full);
+  if (s.ok() && needs_full) {
+    RequestList mine;
+    mine.requests = std::move(uncached);
+    mine.shutdown = shutdown_requested_.load();
+    if (mine.shutdown) {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      mine.failure = failure_;
+    }
+    s = state->negotiator.NegotiateFull(mine, &full);
+  }
   if (!s.ok()) {
     Stop("negotiation failed: " + s.message(), /*report=*/true);
     return false;
@@ -539,18 +384,8 @@ bool CollectiveStream::RunCycle(CycleState* state) {
   for (const Response& response : cached_ready) {
     if (!Execute(state, response, /*remember=*/false)) return false;
   }
-  for (const std::string& name : full.evictions) {
-    // Some rank changed this collective: forget it everywhere; a rank that
-    // had it pending as cached sends it in full next cycle.
-    for (auto it = state->cached_pending.begin(); it != state->cached_pending.end(); ++it) {
-      if (it->second.request.name == name) {
-        state->requeued.push_back(it->second.request);
-        state->cached_pending.erase(it);
-        break;
-      }
-    }
-    state->cache.Erase(name);
-  }
+  // Some rank changed these collectives: every rank forgets them.
+  state->negotiator.Forget(full.evictions);
   for (const Response& response : full.responses) {
     if (LogEnabled(LogLevel::kDebug)) LogDebug("negotiated " + DescribeResponse(response));
     if (!Execute(state, response, /*remember=*/true)) return false;

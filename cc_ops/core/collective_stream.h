@@ -1,7 +1,7 @@
 // One process set's collectives: its queue of submitted entries, its own
-// negotiation (coordinator, response cache, fusion planner, stall inspector)
-// over its own transports, and the thread that runs its cycles. Streams never
-// wait on each other: two sets' collectives run at the same time.
+// negotiation (control/negotiator.h) and execution over its own transports,
+// and the thread that runs its cycles. Streams never wait on each other: two
+// sets' collectives run at the same time.
 #pragma once
 
 #include <atomic>
@@ -72,12 +72,6 @@ class CollectiveStream {
   bool RunCycleLocked();
   // One negotiation + execution cycle; false when the stream must stop.
   bool RunCycle(CycleState* state);
-  // Bit-vector round for cached collectives: fills `ready` with the cached
-  // collectives every member has submitted; `needs_full` when anyone has
-  // uncached work, asked to shut down, or suspects a stall.
-  Status NegotiateCached(CycleState* state, std::vector<Request>* uncached, std::vector<Response>* ready,
-                         bool* needs_full);
-  Status NegotiateFull(CycleState* state, std::vector<Request> uncached, ResponseList* out);
   // End of an autotuning sample: rank 0's next step, broadcast, taken up by every member.
   Status SyncTuning(CycleState* state);
   // Takes this rank's entries for `response` and runs it; false on a fatal error.

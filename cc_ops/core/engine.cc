@@ -10,7 +10,7 @@
 
 #include "collective_stream.h"
 #include "common/logging.h"
-#include "control/numbered_names.h"
+#include "common/numbered_names.h"
 #include "control/process_set_agreement.h"
 
 namespace smdist {

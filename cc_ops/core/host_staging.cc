@@ -4,7 +4,7 @@
 #include <cstring>
 #include <set>
 
-#include "control/coordinator.h"
+#include "common/reducescatter_rows.h"
 
 namespace smdist {
 

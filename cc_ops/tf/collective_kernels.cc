@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "control/coordinator.h"
-#include "control/numbered_names.h"
+#include "common/numbered_names.h"
+#include "common/reducescatter_rows.h"
 #include "engine.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op_kernel.h"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "collective_call.h"
-#include "control/coordinator.h"
+#include "common/reducescatter_rows.h"
 #include "engine.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"

@@ -15,6 +15,9 @@
 
 namespace smdist {
 
+// Every rank's join entry carries this name, so the joins match.
+inline constexpr const char* kJoinName = "smdist.join";
+
 struct TensorEntry {
   std::string name;
   // The process set that runs it (0: all ranks). Broadcast roots are world ranks.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "common/tensor_entry.h"
 #include "control/fusion_planner.h"
 
 namespace smdist {
@@ -39,10 +40,6 @@ std::vector<int64_t> TrailingDims(const std::vector<int64_t>& shape) {
 }
 
 }  // namespace
-
-int64_t ReducescatterRows(int64_t dim0, int size, int rank) {
-  return dim0 / size + (rank < dim0 % size ? 1 : 0);
-}
 
 std::string CheckAgreement(const std::string& name, const std::vector<Request>& submitted) {
   for (const Request& r : submitted) {

@@ -76,8 +76,4 @@ std::string CheckAgreement(const std::string& name, const std::vector<Request>& 
 // `joined` take part without entries, or "".
 std::string JoinConflict(const std::string& name, const Request& first, const std::vector<int32_t>& joined);
 
-// Rows of a reducescatter output on `rank`: dim0 split as evenly as possible,
-// lower ranks taking the remainder.
-int64_t ReducescatterRows(int64_t dim0, int size, int rank);
-
 }  // namespace smdist

@@ -57,13 +57,6 @@ class FusionPlanner {
   int64_t threshold_bytes_;
 };
 
-// What `entry` asks of a transport; and `entries` (one response's), taken together.
-CollectiveWork WorkOf(const TensorEntry& entry);
-CollectiveWork WorkOf(const std::vector<TensorEntry>& entries);
-
-// The first of `transports` whose Enabled() accepts `work`, or null.
-DataTransport* FirstEnabled(const std::vector<DataTransport*>& transports, const CollectiveWork& work);
-
 // Fusion key ("same dtype, device, op and scaling") and wire bytes of an allreduce.
 std::pair<std::string, int64_t> FusionInfo(const Request& request);
 

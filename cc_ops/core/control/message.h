@@ -32,9 +32,6 @@ struct Request {
   bool cached = false;
 };
 
-// Every rank's join entry carries this name, so the joins match.
-inline constexpr const char* kJoinName = "smdist.join";
-
 struct RequestList {
   std::vector<Request> requests;
   bool shutdown = false;

@@ -1,4 +1,4 @@
-#include "control/numbered_names.h"
+#include "common/numbered_names.h"
 
 #include <cstdint>
 #include <mutex>
