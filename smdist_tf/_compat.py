@@ -125,10 +125,6 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value  # once resolved, a plain module attribute
     return value
 
-# Which loops (``"fit"``, ``"evaluate"``) are running per model, innermost last, with
-# the state ``prepare_fit`` returned; weak, so models can be freed.
-_running: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
 PrepareFit = Callable[[Any, Any], tuple[Any, Any]]
 # The model method each Keras calls right after the last step of a training epoch or an evaluation.
 _METRICS_READ = {"keras": "_get_metrics_result_or_logs", "tf_keras": "_validate_and_get_metrics_result"}
@@ -169,9 +165,13 @@ def hook_training_loops(cls: type, prepare_fit: PrepareFit, loop_end: LoopEnd) -
     metrics_read = _METRICS_READ["tf_keras" if is_tf_keras_class(cls) else "keras"]
     keras_metrics_or_logs = getattr(cls, metrics_read)
     fit_signature = inspect.signature(keras_fit)
+    # Which loops ("fit", "evaluate") run per model, innermost last, with the state prepare_fit
+    # returned; per hooked class (a hooked subclass of a hooked class has its own), weak, so
+    # models can be freed.
+    running: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def run_as(model: Any, loop: str, state: Any, call: Callable[[], Any]) -> Any:
-        loops = _running.setdefault(model, [])
+        loops = running.setdefault(model, [])
         loops.append((loop, state))
         try:
             return call()
@@ -194,7 +194,7 @@ def hook_training_loops(cls: type, prepare_fit: PrepareFit, loop_end: LoopEnd) -
 
     @functools.wraps(keras_metrics_or_logs)
     def get_metrics_result_or_logs(self: Any, logs: Any) -> Any:
-        loops = _running.get(self)
+        loops = running.get(self)
         if loops:
             loop_end(self, *loops[-1])
         return keras_metrics_or_logs(self, logs)
