@@ -10,6 +10,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import smdist_tf
 from tests.process_group import run_process_group  # noqa: F401 - the suites' entry point too
@@ -38,7 +39,6 @@ def mpi_env(extra: dict | None = None) -> dict:
     return env
 
 
-
 def run_under_mpi(np: int, argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:
     """Runs ``python argv...`` on ``np`` ranks; returns (exit code, combined output)."""
     cmd = [mpirun_path(), "-np", str(np), "--oversubscribe", "--bind-to", "none", sys.executable, *argv]
@@ -46,13 +46,21 @@ def run_under_mpi(np: int, argv: list[str], timeout: float, env: dict | None = N
         return run_process_group(cmd, ROOT, job_env, timeout)
 
 
-def run_suite(suite: str, np: int, timeout: float, env: dict | None = None) -> str:
-    """Runs tests/mp/<suite> with pytest on every rank; fails with all ranks' output otherwise."""
-    code, out = run_under_mpi(np, ["-m", "pytest", str(MP_DIR / suite), "-q", "-p", "no:cacheprovider", "--color=no", "-W", "ignore::DeprecationWarning"], timeout, env)
+def run_suite(suites: str | Sequence[str], np: int, timeout: float, env: dict | None = None) -> str:
+    """Runs tests/mp/<suite> (or several suites, in one job) with pytest on every rank.
+
+    Fails with the ranks' output unless every rank passed: ``timeout`` bounds the whole job, and
+    ``env`` is set in each rank's environment before Python starts (before TensorFlow is imported).
+    """
+    suites = [suites] if isinstance(suites, str) else list(suites)
+    paths = [str(MP_DIR / suite) for suite in suites]
+    code, out = run_under_mpi(np, ["-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", "--color=no", "-W",
+                                   "ignore::DeprecationWarning"], timeout, env)
+    name = " + ".join(suites)
     if code != 0:
-        raise AssertionError(f"{suite} with {np} ranks failed (exit {code}):\n{out[-20000:]}")
+        raise AssertionError(f"{name} with {np} ranks failed (exit {code}):\n{out[-20000:]}")
     # Each rank prints its own pytest summary; all of them must have run tests.
     summaries = re.findall(r"^=*\s*(\d+) passed", out, re.M)
     if len(summaries) != np or not all(int(n) > 0 for n in summaries):
-        raise AssertionError(f"{suite}: expected {np} rank summaries with passing tests:\n{out[-5000:]}")
+        raise AssertionError(f"{name}: expected {np} rank summaries with passing tests:\n{out[-5000:]}")
     return out

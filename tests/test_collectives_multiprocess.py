@@ -1,4 +1,4 @@
-"""Every collective x dtype x op, gradients, fusion and ordering, with 2 and 4 real MPI ranks."""
+"""Every collective x dtype x op and gradients; errors, fusion and the intra-host paths: at 2 and 4 real MPI ranks."""
 
 import pytest
 
@@ -12,4 +12,4 @@ def test_collectives_suite(np):
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_errors_suite(np):
-    run_suite("suite_errors.py", np, timeout=600)
+    run_suite(["suite_errors.py", "suite_fusion.py", "suite_intra_host.py"], np, timeout=600)

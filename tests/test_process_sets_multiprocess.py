@@ -4,7 +4,11 @@ import pytest
 
 from tests.mpi_harness import run_suite
 
+# One job per rank count: the suites share the static sets tests/mp/process_set_setup.py registers.
+SUITES = ["suite_process_sets.py", "suite_process_sets_gradients.py", "suite_process_sets_concurrency.py",
+          "suite_process_sets_registration.py"]
+
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_process_sets_suite(np):
-    run_suite("suite_process_sets.py", np, timeout=300)
+    run_suite(SUITES, np, timeout=300)

@@ -20,7 +20,8 @@ import tensorflow as tf
 
 import smdist_tf as sd
 from smdist_tf._native import runtime as _rt
-from tests.mp.suite_errors import CapturedStderr, restart_engine
+from tests.mp.captured_stderr import CapturedStderr
+from tests.mp.engine_restart import restart_engine
 
 RANK, SIZE = sd.rank(), sd.size()
 LAST = SIZE - 1
