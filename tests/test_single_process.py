@@ -27,6 +27,27 @@ def run_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
+class StoppedEngineTest(tf.test.TestCase):
+    def test_cached_names_of_a_stopped_engine_is_an_error_not_an_empty_cache(self):
+        result = run_python(
+            "import tensorflow as tf, smdist_tf as sd\n"
+            "from smdist_tf import _native\n"
+            "runtime = _native.load()[0]\n"
+            "sd.init()\n"
+            "sd.allreduce(tf.ones([2]), op=sd.Sum, prescale_factor=2.0, name='cached')\n"
+            "assert 'cached' in runtime._cached_names()\n"
+            "sd.shutdown()\n"
+            "try:\n"
+            "    runtime._cached_names()\n"
+            "except RuntimeError as e:\n"
+            "    print('raised:', e)\n"
+            "else:\n"
+            "    raise SystemExit('a stopped engine reported a cache')\n"
+        )
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertIn("raised:", result.stdout)
+
+
 class BeforeInitTest(tf.test.TestCase):
     def test_collective_before_init_raises_clear_error(self):
         result = run_python(
