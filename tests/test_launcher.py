@@ -124,6 +124,67 @@ def test_slurm_detection_slot_sources():
     assert cluster.detect({}) is None
 
 
+def test_slurm_heterogeneous_node_and_task_lists():
+    env = {"SLURM_JOB_NODELIST": "node[01-04,07]", "SLURM_TASKS_PER_NODE": "2(x3),1,1", "SLURM_NTASKS": "8"}
+    info = cluster.detect(env)
+    assert [str(h) for h in info.hosts] == ["node01:2", "node02:2", "node03:2", "node04:1", "node07:1"]
+    with pytest.raises(UsageError, match="gives 4 nodes, the node list has 5"):
+        cluster.detect({**env, "SLURM_TASKS_PER_NODE": "2(x3),1"})
+    with pytest.raises(UsageError, match="bad SLURM_TASKS_PER_NODE"):
+        cluster.detect({**env, "SLURM_TASKS_PER_NODE": "2(3),1"})
+
+
+def test_slurm_gpus_per_node_give_one_rank_per_gpu_unless_tasks_were_asked_for():
+    # sbatch --nodes=2 --gpus-per-node=a100:4: Slurm still says one task per node.
+    gpu_job = {"SLURM_JOB_NODELIST": "gpu[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_GPUS_PER_NODE": "a100:4"}
+    assert [h.slots for h in cluster.detect(gpu_job).hosts] == [4, 4]
+    assert [h.slots for h in cluster.detect({**gpu_job, "SLURM_GPUS_PER_NODE": "a100:2,v100:1"}).hosts] == [3, 3]
+    assert [h.slots for h in cluster.detect({**gpu_job, "SLURM_GPUS_PER_NODE": "8"}).hosts] == [8, 8]
+    # --gres=gpu:2 says it in SLURM_GPUS_ON_NODE.
+    gres = {k: v for k, v in gpu_job.items() if k != "SLURM_GPUS_PER_NODE"}
+    assert [h.slots for h in cluster.detect({**gres, "SLURM_GPUS_ON_NODE": "2"}).hosts] == [2, 2]
+    # --ntasks-per-node or -n win: the user placed the ranks.
+    assert [h.slots for h in cluster.detect({**gpu_job, "SLURM_NTASKS_PER_NODE": "2"}).hosts] == [2, 2]
+    tasks = {**gpu_job, "SLURM_NTASKS": "3", "SLURM_TASKS_PER_NODE": "2,1"}
+    assert [h.slots for h in cluster.detect(tasks).hosts] == [2, 1]
+    with pytest.raises(UsageError, match="SLURM_GPUS_PER_NODE"):
+        cluster.detect({**gpu_job, "SLURM_GPUS_PER_NODE": "four"})
+
+
+def test_mpi_operator_hostfile_is_read_from_the_variable_mpirun_reads(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("job-worker-0.job-worker.default.svc slots=4\njob-worker-1.job-worker.default.svc slots=4\n")
+    launcher_pod = {"K_MPI_JOB_ROLE": "launcher", "OMPI_MCA_orte_default_hostfile": str(hostfile)}
+    info = cluster.detect(launcher_pod)
+    assert info.kind == "kubernetes" and info.is_leader
+    assert [str(h) for h in info.hosts] == ["job-worker-0.job-worker.default.svc:4", "job-worker-1.job-worker.default.svc:4"]
+    # Intel MPI's and MPICH's form (name:slots), named by their variables.
+    hostfile.write_text("w-0.w.ns.svc:2\nw-1.w.ns.svc:2\n")
+    for variable in ("I_MPI_HYDRA_HOST_FILE", "HYDRA_HOST_FILE", "PRTE_MCA_prte_default_hostfile"):
+        info = cluster.detect({variable: str(hostfile)})
+        assert info.kind == "hostfile" and [h.slots for h in info.hosts] == [2, 2]
+    # SageMaker's variables come first; the hostfile before Slurm's.
+    assert cluster.detect({**launcher_pod, "SLURM_JOB_NODELIST": "n1"}).kind == "kubernetes"
+    with pytest.raises(UsageError, match="cannot read hostfile"):
+        cluster.detect({"OMPI_MCA_orte_default_hostfile": str(tmp_path / "missing")})
+    with pytest.raises(UsageError, match="line 1"):
+        hostfile.write_text("w-0 slots=two\n")
+        cluster.detect(launcher_pod)
+
+
+def test_mpi_operator_slots_per_worker_reach_the_discovery_script(tmp_path):
+    script = tmp_path / "discover_hosts.sh"
+    script.write_text("#!/bin/sh\necho w-0.w.ns.svc\n")
+    script.chmod(0o755)
+    argv = ["--host-discovery-script", str(script), "python", "x.py"]
+    assert parse_args(argv, {"OMPI_MCA_orte_set_default_slots": "4"}).slots_per_host == 4
+    assert parse_args(argv, {"I_MPI_PERHOST": "2"}).slots_per_host == 2
+    assert parse_args(["--slots-per-host", "3", *argv], {"OMPI_MCA_orte_set_default_slots": "4"}).slots_per_host == 3
+    assert parse_args(argv, {}).slots_per_host == 1
+    # Without a discovery script the operator's slots are the hostfile's business.
+    assert parse_args(["-np", "2", "python", "x.py"], {"OMPI_MCA_orte_set_default_slots": "4"}).slots_per_host == 1
+
+
 def test_sagemaker_detection():
     env = {"SM_HOSTS": '["algo-2", "algo-1"]', "SM_CURRENT_HOST": "algo-1", "SM_NUM_GPUS": "8"}
     info = cluster.detect(env)
@@ -138,8 +199,9 @@ def test_sagemaker_detection():
         cluster.detect({"SM_HOSTS": "algo-1"})
 
 
-def test_plan_uses_cluster_hosts_when_no_H():
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SLURM"))}
+def test_plan_uses_cluster_hosts_when_no_H(tmp_path):
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SM_", "SLURM")) and k not in cluster.HOSTFILE_VARIABLES}
     s = parse_args(["python", "x.py"])
     p = plan(s, {**base, "SM_HOSTS": '["localhost"]', "SM_CURRENT_HOST": "localhost", "SM_NUM_GPUS": "0",
                  "SM_NUM_CPUS": "3"})
@@ -148,6 +210,10 @@ def test_plan_uses_cluster_hosts_when_no_H():
     assert p.np == 2 and "localhost:2" in p.command
     with pytest.raises(NotLeader):
         plan(s, {**base, "SM_HOSTS": '["localhost", "other"]', "SM_CURRENT_HOST": "other"})
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=3\n")
+    p = plan(s, {**base, "K_MPI_JOB_ROLE": "launcher", "OMPI_MCA_orte_default_hostfile": str(hostfile)})
+    assert p.np == 3 and p.command[p.command.index("-H") + 1] == "localhost:3"
     # -H wins over the cluster's view.
     p = plan(parse_args(["-H", "127.0.0.1:1", "python", "x.py"]), {**base, "SLURM_JOB_NODELIST": "localhost"})
     assert "127.0.0.1:1" in p.command

@@ -382,6 +382,41 @@ def test_two_hosts_in_network_namespaces(two_netns_hosts):
             assert info["hierarchical"] == (info["mode"] == "launcher"), info
 
 
+# What the Kubeflow MPI Operator (v2beta1) puts in its launcher pod's environment for Open MPI, less
+# OMPI_MCA_plm_rsh_args (ssh options, which would reach the namespace agent that stands in for ssh here).
+MPI_OPERATOR_ENV = {"K_MPI_JOB_ROLE": "launcher", "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+                    "OMPI_MCA_orte_set_default_slots": "2"}
+
+
+def ranks_by_host(stdout: str) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for rank, host in re.findall(r"^\[\d\]<stdout>:WHERE (\d+) (\S+) ", stdout, re.M):
+        found.setdefault(host, []).append(int(rank))
+    return {host: sorted(r) for host, r in found.items()}
+
+
+def test_mpi_operator_hostfile_and_discovery_script_on_two_hosts(two_netns_hosts, tmp_path):
+    """An MPIJob launcher pod, replayed on the two namespace hosts: no -H and no -np, the hosts and slots come
+    from the hostfile the operator mounts; then elastic, from its discover_hosts.sh (bare names)."""
+    h = two_netns_hosts
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"{h['ip_a']} slots=2\n{h['ip_b']} slots=2\n")  # the operator's form
+    discover = tmp_path / "discover_hosts.sh"
+    discover.write_text(f"#!/bin/sh\necho {h['ip_a']}\necho {h['ip_b']}\n")
+    discover.chmod(0o555)
+    env = {**os.environ, **MPI_OPERATOR_ENV, "OMPI_MCA_orte_default_hostfile": str(hostfile)}
+    agent = ["--mpi-args", f"--prtemca plm_ssh_agent {h['agent']}"]
+    tag = uuid.uuid4().hex
+    said = []
+    for how in (["--verbose"], ["--verbose", "--host-discovery-script", str(discover), "--max-restarts", "0"]):
+        cmd = [*h["launch_prefix"], sys.executable, "-m", "smdist_tf.run", *how, *agent, *ranks("where", tag)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+        assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
+        assert ranks_by_host(done.stdout) == {"hosta": [0, 1], "hostb": [2, 3]}, done.stdout
+        said.append(done.stderr)
+    assert f"kubernetes detected: hosts {h['ip_a']}:2,{h['ip_b']}:2" in said[0], said[0]
+
+
 # ---------------------------------------------------------------- MPICH (opt-in)
 
 @pytest.mark.skipif(not os.environ.get("SMDIST_TEST_MPICH_MPIRUN"),

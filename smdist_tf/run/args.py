@@ -238,7 +238,8 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
 
     Args:
         argv: arguments without the program name; ``sys.argv[1:]`` when None.
-        environ: the environment (``HOROVOD_START_TIMEOUT`` default); ``os.environ`` when None.
+        environ: the environment (``HOROVOD_START_TIMEOUT`` default, the MPI Operator's slots per
+            worker for ``--slots-per-host``); ``os.environ`` when None.
 
     Raises:
         UsageError: for any bad flag, value or config entry.
@@ -284,6 +285,11 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         settings.start_timeout = _coerce("HOROVOD_START_TIMEOUT", environ["HOROVOD_START_TIMEOUT"], float, "environment")
     if "elastic_timeout" not in merged and environ.get("HOROVOD_ELASTIC_TIMEOUT"):
         settings.elastic_timeout = _coerce("HOROVOD_ELASTIC_TIMEOUT", environ["HOROVOD_ELASTIC_TIMEOUT"], float, "environment")
+    if "slots_per_host" not in merged and settings.host_discovery_script:
+        # The MPI Operator's discover_hosts.sh prints bare pod names; its slots per worker are here.
+        operator_slots = environ.get("OMPI_MCA_orte_set_default_slots") or environ.get("I_MPI_PERHOST")
+        if operator_slots and operator_slots.isdigit():
+            settings.slots_per_host = int(operator_slots)
     settings.verbose = bool(settings.verbose)
     settings.check_build = bool(settings.check_build)
     validate(settings)

@@ -2,7 +2,7 @@
 
 ``python tests/mp/launcher_ranks.py MODE TAG`` runs one mode; the tag is
 put on every process's command line so the test can look for leftovers. The
-launcher-mechanics modes use only the standard library (no TensorFlow import),
+launcher-mechanics modes (and ``where``) use only the standard library (no TensorFlow import),
 so they start in milliseconds; ``topology``, ``engine_flags`` and ``allreduce_info`` use
 smdist_tf, and ``tf_startup`` imports TensorFlow.
 """
@@ -75,6 +75,13 @@ def hang_with_child(tag: str) -> None:
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", tag])
     print(f"ready {RANK}", flush=True)
     time.sleep(120)
+
+
+def where(tag: str) -> None:
+    """One line: the rank, the host it runs on and its local rank (no TensorFlow)."""
+    import socket  # noqa: PLC0415
+
+    print(f"WHERE {RANK} {socket.gethostname()} {os.environ.get('OMPI_COMM_WORLD_LOCAL_RANK')}", flush=True)
 
 
 def topology(tag: str) -> None:
@@ -155,7 +162,7 @@ def raise_on_rank_one() -> int:
     return RANK
 
 
-MODES = {"echo": echo, "fail_one": fail_one, "kill_self": kill_self, "hang_with_child": hang_with_child,
+MODES = {"echo": echo, "where": where, "fail_one": fail_one, "kill_self": kill_self, "hang_with_child": hang_with_child,
          "late_line": late_line, "topology": topology, "tf_startup": tf_startup, "engine_flags": engine_flags}
 
 if __name__ == "__main__":
