@@ -10,6 +10,7 @@ runs the real console script.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -415,6 +416,34 @@ def test_mpi_operator_hostfile_and_discovery_script_on_two_hosts(two_netns_hosts
         assert ranks_by_host(done.stdout) == {"hosta": [0, 1], "hostb": [2, 3]}, done.stdout
         said.append(done.stderr)
     assert f"kubernetes detected: hosts {h['ip_a']}:2,{h['ip_b']}:2" in said[0], said[0]
+
+
+def test_a_lost_host_fails_the_job(two_netns_hosts, tmp_path):
+    """Every process of one host dies (a worker pod deleted, a node lost): Open MPI 5's mpirun then exits 0,
+    and smdistrun must not. It exits 1, naming the ranks that never finished."""
+    h = two_netns_hosts
+    tag = uuid.uuid4().hex
+    cmd = [*h["launch_prefix"], sys.executable, "-m", "smdist_tf.run", "-H", f"{h['ip_a']}:2,{h['ip_b']}:2",
+           "--mpi-args", f"--prtemca plm_ssh_agent {h['agent']}", *ranks("hang_with_child", tag)]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        # Every rank has started its child (hang_with_child), so has reported its start.
+        while sum("time.sleep(300)" in line for line in leftovers(tag)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # the start reports travel through mpirun
+        pids = subprocess.run(["ip", "netns", "pids", h["ns_b"]], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 1, out[-3000:] + err[-3000:]
+    assert re.search(r"smdistrun: mpirun ended before ranks [\d, ]+ \(on [^)]*hostb[^)]*\) finished", err), err
+    time.sleep(0.5)
+    assert leftovers(tag) == []
 
 
 # ---------------------------------------------------------------- MPICH (opt-in)

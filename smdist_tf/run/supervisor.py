@@ -218,6 +218,15 @@ class Supervisor:
         if mpirun_code < 0:
             outcome.reason = f"mpirun was killed by signal {-mpirun_code}"
             return 128 - mpirun_code
+        unfinished = sorted(set(range(self.np)) - set(outcome.exits))
+        if mpirun_code == 0 and unfinished:
+            # Open MPI 5's mpirun exits 0 when it loses a host ("PRTE has lost communication with a
+            # remote daemon"): ranks that never reported their end did not succeed.
+            hosts = sorted({outcome.started[r] for r in unfinished if r in outcome.started})
+            where = f" (on {', '.join(hosts)})" if hosts else ""
+            ranks = ", ".join(map(str, unfinished))
+            outcome.reason = f"mpirun ended before rank{'s' if len(unfinished) > 1 else ''} {ranks}{where} finished"
+            return 1
         if mpirun_code != 0:
             stopped = [e for e in outcome.exits.values() if e.code != 0]
             outcome.failed_rank = stopped[0] if stopped else None
