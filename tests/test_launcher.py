@@ -324,6 +324,17 @@ def test_tuning_flags_set_both_names():
     assert tuning_env(parse_args(["-np", "2", "true"])) == {}
 
 
+def test_timeline_sampling_flag_and_config_entry(tmp_path):
+    s = parse_args(["-np", "2", "--timeline-filename", "tl.json", "--timeline-sample-every", "50", "true"])
+    assert tuning_env(s)["SMDIST_TIMELINE_SAMPLE_EVERY"] == "50"
+    config = tmp_path / "c.yaml"
+    config.write_text("timeline:\n  filename: tl.json\n  sample_every: 10\n")
+    assert parse_args(["-np", "2", "--config-file", str(config), "true"]).timeline_sample_every == 10
+    for bad in ("0", "-3"):
+        with pytest.raises(UsageError, match="--timeline-sample-every must be an integer of at least 1"):
+            parse_args(["-np", "2", "--timeline-sample-every", bad, "true"])
+
+
 def test_network_interfaces_bind_nccl_too():
     env = tuning_env(parse_args(["-np", "2", "--network-interfaces", "eth0,ib0", "true"]))
     assert env == {"NCCL_SOCKET_IFNAME": "eth0,ib0"}
@@ -451,6 +462,7 @@ def test_exported_environment():
     ("HOROVOD_FUSION_THRESHOLD", "-3", "HOROVOD_FUSION_THRESHOLD='-3' is not valid"),
     ("SMDIST_AUTOTUNE", "maybe", "SMDIST_AUTOTUNE='maybe' is not valid"),
     ("SMDIST_BUCKET_CAP_MB", "0", "SMDIST_BUCKET_CAP_MB must be a positive number"),
+    ("SMDIST_TIMELINE_SAMPLE_EVERY", "0", "SMDIST_TIMELINE_SAMPLE_EVERY='0' is not valid"),
 ])
 def test_malformed_engine_settings_are_refused_before_any_rank_starts(name, value, says, monkeypatch, capsys):
     before = dict(os.environ)

@@ -32,7 +32,7 @@ Status FirstFailure(std::initializer_list<Status> statuses) {
 
 void CollectiveExecutor::Trace(const char* phase, Timeline::Clock::time_point begin,
                                const char* extra_args) {
-  if (timeline_->active()) {
+  if (tracing()) {
     timeline_->Record(tracing_, phase, begin, Timeline::Clock::now(), extra_args, process_set_id_);
   }
 }
@@ -69,7 +69,7 @@ void CollectiveExecutor::Begin(const Response& response, const std::vector<Tenso
   entry_status_ = Status::OK();
   on_device_ = false;
   contributors_ = topology_.size - static_cast<int>(response.joined.size());
-  if (!timeline_->active()) return;
+  if (!tracing()) return;
   tracing_ = response.names;
   for (const TensorEntry& e : entries) {
     // Whether TensorFlow let the op reuse its input as its output (it
@@ -212,7 +212,7 @@ Status CollectiveExecutor::AllreduceStep(const smdist::AllreduceStep& step, cons
     prescale = 1.0;
   }
   // Which transport ran shows in the timeline.
-  const std::string path = timeline_->active() ? "\"path\":\"" + step.transport->name() + "\"" : "";
+  const std::string path = tracing() ? "\"path\":\"" + step.transport->name() + "\"" : "";
   const SpanStaging tensors(spans, dtype, wire, prescale, postscale);
   auto t0 = Timeline::Clock::now();
   if (!step.packed) {

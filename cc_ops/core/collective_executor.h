@@ -35,8 +35,12 @@ class CollectiveExecutor {
   // Completes every entry (calls done). Returns a transport failure, after
   // which the engine must stop.
   Status Execute(const Response& response, std::vector<TensorEntry>* entries);
+  // Whether the timeline records the responses executed from now on: false in
+  // the cycles SMDIST_TIMELINE_SAMPLE_EVERY leaves out.
+  void set_traced(bool traced) { traced_ = traced; }
 
  private:
+  bool tracing() const { return traced_ && timeline_->active(); }
   // Sets up the per-response state (entry_status_, device, contributors_)
   // and marks in the timeline how long `entries` waited for negotiation.
   void Begin(const Response& response, const std::vector<TensorEntry>& entries, Timeline::Clock::time_point start);
@@ -87,6 +91,7 @@ class CollectiveExecutor {
   const FusionPlanner* planner_;
   Timeline* timeline_;
   int32_t process_set_id_;
+  bool traced_ = true;
   std::vector<std::string> tracing_;  // names of the response being executed
   std::vector<uint8_t> fusion_buffer_;  // reused across cycles
   std::vector<uint8_t> scratch_;

@@ -25,6 +25,7 @@ struct CollectiveStream::CycleState {
   CollectiveExecutor executor;
   std::unique_ptr<ParameterTuner> tuner;  // SMDIST_AUTOTUNE, process set 0 only
   int64_t cycle_bytes = 0;                // moved by this cycle's collectives, while tuning
+  int64_t working_cycles = 0;             // cycles that ran collectives, for timeline sampling
 };
 
 namespace {
@@ -369,12 +370,15 @@ bool CollectiveStream::RunCycle(CycleState* state) {
   // Marked before executing: completing a collective can let its caller stop
   // the timeline (or shut down) before this cycle ends.
   const size_t responses = cached_ready.size() + full.responses.size();
+  // Every member runs the same working cycles, so all sample the same ones.
+  const bool traced = responses > 0 && state->working_cycles++ % config_.timeline_sample_every == 0;
+  if (responses > 0) state->executor.set_traced(traced);
   // Counted only for a reader: this runs every working cycle.
-  if (responses > 0 && (timeline_->active() || LogEnabled(LogLevel::kTrace))) {
+  if (responses > 0 && ((traced && timeline_->active()) || LogEnabled(LogLevel::kTrace))) {
     size_t tensors = 0;
     for (const Response& r : cached_ready) tensors += r.names.size();
     for (const Response& r : full.responses) tensors += r.names.size();
-    timeline_->MarkCycle(cycle_start, tensors);
+    if (traced) timeline_->MarkCycle(cycle_start, tensors);
     if (LogEnabled(LogLevel::kTrace)) {
       LogTrace("cycle runs " + std::to_string(responses) + " response(s) of " + std::to_string(tensors) +
                " tensor(s): " + std::to_string(cached_ready.size()) + " cached, " +

@@ -60,7 +60,7 @@ Status Engine::Init() {
     // While nothing else holds the transports, so a refused path fails init cleanly.
     SMDIST_RETURN_IF_ERROR(
         timeline_.Start(TimelinePathOfRank(config_.timeline_path, topo.rank, topo.size), topo.rank,
-                        config_.timeline_mark_cycles));
+                        config_.timeline_mark_cycles, config_.timeline_sample_every));
   }
   config_.cross_memory_min_bytes = transports->cross_memory_min_bytes();
   config_.cross_memory_min_measured = transports->cross_memory_min_measured();
@@ -105,7 +105,8 @@ Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
     return Status::PreconditionFailed("smdist_tf has not been initialized: call smdist_tf.init() first");
   }
   const Topology topo = topology();
-  return timeline_.Start(TimelinePathOfRank(path, topo.rank, topo.size), topo.rank, mark_cycles);
+  return timeline_.Start(TimelinePathOfRank(path, topo.rank, topo.size), topo.rank, mark_cycles,
+                         config_.timeline_sample_every);
 }
 
 Status Engine::Shutdown() {

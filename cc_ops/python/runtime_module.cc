@@ -105,6 +105,7 @@ PYBIND11_MODULE(_runtime, m) {
     d["cache_capacity"] = c.cache_capacity;
     d["timeline"] = c.timeline_path;
     d["timeline_mark_cycles"] = c.timeline_mark_cycles;
+    d["timeline_sample_every"] = c.timeline_sample_every;
     d["log_level"] = smdist::LogLevelName(c.log_level);
     d["gpu_operations"] = c.gpu_operations_nccl ? "NCCL" : "MPI";
     d["gpu_hierarchical_allreduce"] = c.gpu_hierarchical_allreduce;

@@ -44,6 +44,7 @@ class LaunchSettings:
     hierarchical_allreduce: bool | None = None
     timeline_filename: str | None = None
     timeline_mark_cycles: bool | None = None
+    timeline_sample_every: int | None = None
     stall_check_warning_time_seconds: float | None = None
     stall_check_shutdown_time_seconds: float | None = None
     autotune: bool | None = None
@@ -103,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hierarchical-allreduce", action=argparse.BooleanOptionalAction, default=None, help="reduce inside each host, then across hosts, then broadcast inside")
     p.add_argument("--timeline-filename", help="write the engine timeline (Chrome trace JSON) here")
     p.add_argument("--timeline-mark-cycles", action="store_true", default=None, help="mark engine cycles in the timeline")
+    p.add_argument("--timeline-sample-every", type=int, metavar="N",
+                   help="record only every N-th engine cycle that ran collectives in the timeline (default 1: all)")
     p.add_argument("--stall-check-warning-time-seconds", type=float, help="warn when a collective waits this long for some ranks")
     p.add_argument("--stall-check-shutdown-time-seconds", type=float, help="fail the job when a collective waits this long")
     p.add_argument("--autotune", action="store_true", default=None,
@@ -146,7 +149,8 @@ _SECTION_KEYS = {
         "cache_capacity": "cache_capacity",
         "hierarchical_allreduce": "hierarchical_allreduce",
     },
-    "timeline": {"filename": "timeline_filename", "mark_cycles": "timeline_mark_cycles"},
+    "timeline": {"filename": "timeline_filename", "mark_cycles": "timeline_mark_cycles",
+                 "sample_every": "timeline_sample_every"},
     "stall_check": {
         "warning_time_seconds": "stall_check_warning_time_seconds",
         "shutdown_time_seconds": "stall_check_shutdown_time_seconds",
@@ -163,7 +167,7 @@ _FLAT_KEYS = {
     "np", "num_proc", "hosts", "hostfile", "ssh_port", "ssh_identity_file", "start_timeout",
     "network_interface", "network_interfaces", "output_filename", "verbose", "log_level", "mpi_args",
     "fusion_threshold_mb", "cycle_time_ms", "cache_capacity", "hierarchical_allreduce",
-    "timeline_filename", "timeline_mark_cycles", "stall_check_warning_time_seconds",
+    "timeline_filename", "timeline_mark_cycles", "timeline_sample_every", "stall_check_warning_time_seconds",
     "stall_check_shutdown_time_seconds", "max_restarts", "reset_limit", "elastic_dir", "host_discovery_script",
     "min_np", "min_num_proc", "max_np", "max_num_proc", "slots_per_host", "slots", "elastic_timeout",
     "autotune", "autotune_log_file", "autotune_warmup_samples", "autotune_steps_per_sample",
@@ -221,7 +225,7 @@ _FIELD_TYPES: dict[str, type] = {
     "elastic_dir": str, "host_discovery_script": str,
     "start_timeout": float, "fusion_threshold_mb": float, "cycle_time_ms": float,
     "stall_check_warning_time_seconds": float, "stall_check_shutdown_time_seconds": float,
-    "verbose": bool, "hierarchical_allreduce": bool, "timeline_mark_cycles": bool,
+    "verbose": bool, "hierarchical_allreduce": bool, "timeline_mark_cycles": bool, "timeline_sample_every": int,
     "hosts": str, "hostfile": str, "ssh_identity_file": str, "network_interfaces": str,
     "output_filename": str, "log_level": str, "mpi_args": str, "timeline_filename": str,
     "autotune": bool, "autotune_log_file": str, "autotune_warmup_samples": int, "autotune_steps_per_sample": int,
@@ -331,6 +335,8 @@ def validate(s: LaunchSettings) -> None:
         value = getattr(s, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise UsageError(f"--{name.replace('_', '-')} must be a finite number, not negative, got {value:g}")
+    if s.timeline_sample_every is not None:
+        _check_int(s.timeline_sample_every, "--timeline-sample-every", 1)
     if s.autotune_warmup_samples is not None:
         _check_int(s.autotune_warmup_samples, "--autotune-warmup-samples", 0)
     if s.autotune_steps_per_sample is not None:

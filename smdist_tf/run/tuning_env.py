@@ -35,6 +35,8 @@ def tuning_env(s: LaunchSettings) -> dict[str, str]:
         both("SMDIST_TIMELINE", "HOROVOD_TIMELINE", s.timeline_filename)
     if s.timeline_mark_cycles is not None:
         both("SMDIST_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", "1" if s.timeline_mark_cycles else "0")
+    if s.timeline_sample_every is not None:
+        env["SMDIST_TIMELINE_SAMPLE_EVERY"] = str(s.timeline_sample_every)  # Horovod has no such setting
     if s.stall_check_warning_time_seconds is not None:
         both("SMDIST_STALL_CHECK_TIME", "HOROVOD_STALL_CHECK_TIME_SECONDS", _number(s.stall_check_warning_time_seconds))
     if s.stall_check_shutdown_time_seconds is not None:

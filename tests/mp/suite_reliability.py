@@ -367,6 +367,31 @@ class LogLevelAndCycleMarksTest(tf.test.TestCase):
         self.assertTrue(any(e.get("name") == "ALLREDUCE" for e in events), "no collective was traced")
         return [e for e in events if e.get("name") == "CYCLE_START"]
 
+    def test_timeline_sampling_records_one_working_cycle_in_n(self):
+        directory = shared_temp_dir()
+        path = os.path.join(directory, "sampled.json")
+        try:
+            restart_engine(SMDIST_TIMELINE=path, SMDIST_TIMELINE_MARK_CYCLES="1", SMDIST_TIMELINE_SAMPLE_EVERY="3")
+            self.assertEqual(sd.engine_config()["timeline_sample_every"], 3)
+            for i in range(9):  # eager: each in a working cycle of its own
+                sd.allreduce(tf.ones([4]), name=f"sampled.{i}")
+            sd.stop_timeline()
+            with open(f"{path}.{RANK}") as f:
+                events = json.load(f)
+        finally:
+            restart_engine(SMDIST_TIMELINE="", SMDIST_TIMELINE_MARK_CYCLES="", SMDIST_TIMELINE_SAMPLE_EVERY="")
+        self.assertEqual(events[0]["name"], "process_name")
+        self.assertEqual(events[0]["args"], {"name": f"rank {RANK} (1 cycle in 3)", "sample_every": 3})
+        traced = sorted(int(e["args"]["name"].split(".")[1]) for e in events
+                        if e.get("ph") == "M" and e["args"].get("name", "").startswith("sampled."))
+        # 3 of the 9 consecutive cycles, 3 apart, the same on every rank; each with its transfer and mark.
+        self.assertLen(traced, 3)
+        self.assertEqual([b - a for a, b in zip(traced, traced[1:])], [3, 3])
+        self.assertEqual(sd.allgather_object(traced), [traced] * SIZE)
+        self.assertEqual(sum(e.get("name") == "ALLREDUCE" for e in events), 3)
+        self.assertGreaterEqual(sum(e.get("name") == "CYCLE_START" for e in events), 3)
+        self.assertLessEqual(sum(e.get("name") == "CYCLE_START" for e in events), 4)
+
     def test_timeline_has_cycle_marks_only_when_enabled(self):
         directory = shared_temp_dir()
         try:

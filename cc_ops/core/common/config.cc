@@ -114,6 +114,8 @@ Status EngineConfig::FromEnvironment(EngineConfig* out) {
   if (timeline.text != nullptr) c.timeline_path = timeline.text;
   SMDIST_RETURN_IF_ERROR(
       ReadFlag("SMDIST_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", &c.timeline_mark_cycles));
+  SMDIST_RETURN_IF_ERROR(
+      ReadCount("SMDIST_TIMELINE_SAMPLE_EVERY", nullptr, 1, &c.timeline_sample_every));
   SMDIST_RETURN_IF_ERROR(ReadLogLevel("SMDIST_LOG_LEVEL", "HOROVOD_LOG_LEVEL", &c.log_level));
   SMDIST_RETURN_IF_ERROR(ReadGpuOperations(&c.gpu_operations_nccl));
   SMDIST_RETURN_IF_ERROR(ReadFlag("SMDIST_GPU_HIERARCHICAL_ALLREDUCE", nullptr, &c.gpu_hierarchical_allreduce));

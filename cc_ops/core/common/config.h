@@ -42,6 +42,9 @@ struct EngineConfig {
   std::string timeline_path;  // Chrome-trace output; empty disables
   // An instant event in the timeline for every cycle that ran collectives.
   bool timeline_mark_cycles = false;
+  // The timeline records every N-th cycle that ran collectives (and what ran in
+  // it), so a long run's file stays small; 1 records every one.
+  int64_t timeline_sample_every = 1;
   LogLevel log_level = LogLevel::kWarning;
   // GPU tensors travel over NCCL where every rank of a group can load it;
   // false (SMDIST_GPU_OPERATIONS=MPI) stages them through host memory instead.

@@ -71,7 +71,7 @@ std::string TimelinePathOfRank(std::string path, int rank, int size) {
   return path;
 }
 
-Status Timeline::Start(const std::string& path, int rank, bool mark_cycles) {
+Status Timeline::Start(const std::string& path, int rank, bool mark_cycles, int64_t sample_every) {
   Stop();
   std::lock_guard<std::mutex> lock(mu_);
   int fd = -1;
@@ -88,6 +88,13 @@ Status Timeline::Start(const std::string& path, int rank, bool mark_cycles) {
   rows_.clear();
   origin_ = Clock::now();
   std::fputs("[\n", file_);
+  if (sample_every > 1) {
+    std::fprintf(file_,
+                 "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,"
+                 "\"args\":{\"name\":\"rank %d (1 cycle in %lld)\",\"sample_every\":%lld}}",
+                 rank, rank, static_cast<long long>(sample_every), static_cast<long long>(sample_every));
+    first_event_ = false;
+  }
   active_ = true;
   return Status::OK();
 }

@@ -23,8 +23,11 @@ class Timeline {
 
   // Starts writing to `path` (replacing an earlier timeline of this process),
   // with cycle marks when `mark_cycles`. Refuses a symbolic link or anything
-  // but a regular file; an existing file is overwritten with a warning.
-  Status Start(const std::string& path, int rank, bool mark_cycles);
+  // but a regular file; an existing file is overwritten with a warning. With
+  // `sample_every` > 1 (the engine records only every N-th working cycle) the
+  // file's first event says so: the rank's process is named "rank R (1 cycle in
+  // N)", and its args hold "sample_every".
+  Status Start(const std::string& path, int rank, bool mark_cycles, int64_t sample_every = 1);
   // Finishes the JSON document and closes the file.
   void Stop();
   bool active() const { return active_; }
