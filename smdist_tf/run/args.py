@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from smdist_tf.run import checks
 from smdist_tf.run.config_file import load_config_file
 from smdist_tf.run.errors import UsageError
+from smdist_tf.run.horovod_flags import flag_warnings
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 DEFAULT_START_TIMEOUT_S = 30.0
@@ -63,6 +64,24 @@ class LaunchSettings:
     elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_S
     # Config-file entries we accept but do not act on, reported under --verbose.
     ignored_config: list[str] = field(default_factory=list)
+    # horovodrun's flags that work here by other means.
+    no_stall_check: bool | None = None
+    tcp: bool = False
+    binding_args: str | None = None
+    prefix_output_with_timestamp: bool = False
+    disable_cache: bool = False  # horovodrun's cache of its ssh checks; smdistrun keeps none
+    # horovodrun's flags that change nothing here (horovod_flags.py): accepted, one warning each.
+    hierarchical_allgather: bool | None = None
+    autotune_bayes_opt_max_samples: int | None = None
+    autotune_gaussian_process_noise: float | None = None
+    blacklist_cooldown_range: list[int] | None = None
+    mpi_threads_disable: bool | None = None
+    num_nccl_streams: int | None = None
+    thread_affinity: int | None = None
+    gloo_timeout_seconds: int | None = None
+    log_with_timestamp: bool | None = None
+    jsrun: bool = False
+    warnings: list[str] = field(default_factory=list)  # one line per such flag given
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--ssh-port", type=int, help="ssh port on the remote hosts")
     p.add_argument("-i", "--ssh-identity-file", help="ssh private key for the remote hosts: an existing file, no whitespace, quotes or shell characters in its path")
     p.add_argument("--start-timeout", type=float, help=f"seconds for all ranks to start (default {DEFAULT_START_TIMEOUT_S:g}; env HOROVOD_START_TIMEOUT)")
-    p.add_argument("--network-interface", "--network-interfaces", dest="network_interfaces", help="comma-separated interface names MPI may use, e.g. eth0,eth1")
+    p.add_argument("--network-interface", "--network-interfaces", dest="network_interfaces", action="append",
+                   help="comma-separated interface names MPI may use, e.g. eth0,eth1 (may be given several times)")
     p.add_argument("--output-filename", help="also write each rank's output to DIR/rank.N/{stdout,stderr}")
     p.add_argument("--verbose", action="store_true", default=None,
                    help="print the exact mpirun command and launcher decisions, and every rank's TensorFlow logs")
@@ -135,6 +155,43 @@ def build_parser() -> argparse.ArgumentParser:
     restarts.add_argument("--elastic-timeout", type=float, metavar="S",
                           help=f"seconds to wait for --min-np slots (default {DEFAULT_ELASTIC_TIMEOUT_S:g}; "
                                "env HOROVOD_ELASTIC_TIMEOUT)")
+    horovod = p.add_argument_group(
+        "horovodrun's other flags",
+        "accepted so that a horovodrun line runs unchanged; those marked 'no effect' print one warning "
+        "(docs/migrate-from-horovod.md)")
+    horovod.add_argument("--disable-cache", action="store_true", default=None,
+                         help="accepted: smdistrun keeps no cache of its checks, it runs them every time")
+    horovod.add_argument("--no-stall-check", dest="no_stall_check", action="store_true", default=None,
+                         help="no stall warning and no stall shutdown (HOROVOD_STALL_CHECK_DISABLE=1)")
+    horovod.add_argument("--stall-check", dest="no_stall_check", action="store_false", default=None, help=argparse.SUPPRESS)
+    horovod.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles", action="store_false", default=None,
+                         help=argparse.SUPPRESS)
+    horovod.add_argument("--no-autotune", dest="autotune", action="store_false", default=None, help=argparse.SUPPRESS)
+    horovod.add_argument("--tcp", action="store_true", default=None,
+                         help="MPI over TCP only (Open MPI: pml ob1, btl self,sm,tcp) and NCCL without InfiniBand")
+    horovod.add_argument("--binding-args", help="process binding arguments for mpirun, e.g. \"--bind-to core\" "
+                                                "(they replace smdistrun's --bind-to none --map-by slot)")
+    horovod.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", dest="prefix_output_with_timestamp",
+                         action="store_true", default=None, help="put the time before each line of the ranks' output")
+    horovod.add_argument("--log-without-timestamp", "--log-hide-timestamp", dest="log_with_timestamp",
+                         action="store_false", default=None, help="accepted: the engine's log lines carry no time")
+    horovod.add_argument("--log-with-timestamp", "--no-log-hide-timestamp", dest="log_with_timestamp",
+                         action="store_true", default=None, help="no effect")
+    horovod.add_argument("--hierarchical-allgather", dest="hierarchical_allgather", action="store_true",
+                         default=None, help="no effect")
+    horovod.add_argument("--no-hierarchical-allgather", dest="hierarchical_allgather", action="store_false", default=None,
+                         help="accepted: allgather is not hierarchical here")
+    horovod.add_argument("--autotune-bayes-opt-max-samples", type=int, help="no effect")
+    horovod.add_argument("--autotune-gaussian-process-noise", type=float, help="no effect")
+    horovod.add_argument("--blacklist-cooldown-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="no effect")
+    horovod.add_argument("--mpi-threads-disable", dest="mpi_threads_disable", action="store_true", default=None,
+                         help="no effect")
+    horovod.add_argument("--no-mpi-threads-disable", dest="mpi_threads_disable", action="store_false", default=None,
+                         help=argparse.SUPPRESS)
+    horovod.add_argument("--num-nccl-streams", type=int, help="no effect")
+    horovod.add_argument("--thread-affinity", type=int, help="no effect")
+    horovod.add_argument("--gloo-timeout-seconds", type=int, help="no effect")
+    horovod.add_argument("--jsrun", action="store_true", default=None, help="no effect: the ranks start with mpirun")
     p.add_argument("--gloo", action="store_true", default=None, help=argparse.SUPPRESS)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs")
     return p
@@ -271,11 +328,13 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
     version = merged.pop("version", False)
     if "log_level" in merged and str(merged["log_level"]).upper() not in LOG_LEVELS:
         raise UsageError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {merged['log_level']!r}")
+    settings.warnings = flag_warnings(merged)
     for name, value in merged.items():
         if name in ("config_file",):
             continue
         if name == "network_interfaces":
-            value = split_interfaces(str(value))
+            # horovodrun takes --network-interface once per interface, or a comma-separated list.
+            value = split_interfaces(",".join(value) if isinstance(value, list) else str(value))
         elif name == "mpi_args":
             try:
                 value = shlex.split(str(value))
@@ -284,6 +343,12 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         elif name == "log_level":
             value = str(value).upper()
         setattr(settings, name, value)
+    if settings.binding_args:
+        # horovodrun's binding arguments replace its default binding, as mpirun options of their own.
+        try:
+            settings.mpi_args = shlex.split(settings.binding_args) + settings.mpi_args
+        except ValueError as e:
+            raise UsageError(f"--binding-args: {e}") from None
     settings.show_version = bool(version)
     if "start_timeout" not in merged and environ.get("HOROVOD_START_TIMEOUT"):
         settings.start_timeout = _coerce("HOROVOD_START_TIMEOUT", environ["HOROVOD_START_TIMEOUT"], float, "environment")

@@ -143,6 +143,8 @@ def plan(s: LaunchSettings, environ: Mapping[str, str] | None = None, rank_comma
     agent = [sys.executable, RANK_AGENT, "--wait-for-stop"]
     if s.output_filename:
         agent += ["--output-dir", os.path.abspath(s.output_filename)]
+    if s.prefix_output_with_timestamp:
+        agent.append("--timestamp-output")
     if not s.verbose:
         # TensorFlow's start-up lines: none by default; from rank 0 only when the user set
         # TF_CPP_MIN_LOG_LEVEL (they want TensorFlow's logs, and every rank prints the same).
@@ -152,8 +154,10 @@ def plan(s: LaunchSettings, environ: Mapping[str, str] | None = None, rank_comma
         hosts=hosts, oversubscribe=oversubscribe, ssh_port=s.ssh_port, ssh_identity_file=s.ssh_identity_file,
         network_interfaces=s.network_interfaces, mpi_args=s.mpi_args, env=extra,
         export=exported_names(env, remote, [k for k in extra if not k.startswith("OMPI_")]),
-        as_root=as_root and flavour.name == "openmpi",
+        as_root=as_root and flavour.name == "openmpi", tcp_only=s.tcp,
     )
+    if s.tcp and flavour.name != "openmpi":
+        notes.append("--tcp: only Open MPI's transports are chosen by smdistrun; with MPICH the build decides")
     for name, value in launcher_env(job).items():
         env[name] = value  # for mpirun only: not in job.export
         notes.append(f"{name}={shlex.quote(value)}")

@@ -7,12 +7,14 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
 from smdist_tf.run.args import parse_args
 from smdist_tf.run.attempt import NotLeader, say
 from smdist_tf.run.errors import UsageError
+from smdist_tf.run.horovod_flags import variable_warnings
 from smdist_tf.run.restarts import run_with_restarts
 
 
@@ -26,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     try:
         s = parse_args(argv)
+        for line in s.warnings + variable_warnings(os.environ):
+            say(sys.stderr, f"warning: {line}")
         if s.show_version:
             from smdist_tf import __version__  # noqa: PLC0415 - the parent package: smdist_tf.run imports us
 

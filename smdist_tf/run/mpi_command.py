@@ -102,6 +102,11 @@ def _has_flag(args: list[str], *names: str) -> bool:
     return any(a in names or any(a.startswith(n + "=") for n in names) for a in args)
 
 
+def _sets_mca(args: list[str], *names: str) -> bool:
+    """Whether ``args`` set one of the MCA parameters ``names`` (``--mca btl tcp,self``)."""
+    return any(a in ("--mca", "-mca") and args[i + 1:i + 2] in ([n] for n in names) for i, a in enumerate(args))
+
+
 @dataclass
 class MpiJob:
     """Everything the mpirun command depends on."""
@@ -119,6 +124,7 @@ class MpiJob:
     env: dict[str, str] = field(default_factory=dict)  # values mpirun's environment holds
     export: list[str] = field(default_factory=list)  # names to forward to the ranks
     as_root: bool = False
+    tcp_only: bool = False  # horovodrun's --tcp: no InfiniBand or other fabric, TCP between hosts
 
 
 def _ssh_options(job: MpiJob) -> list[str]:
@@ -149,6 +155,10 @@ def build_openmpi(job: MpiJob) -> list[str]:
         cmd += ["--bind-to", "none"]
     if not _has_flag(job.mpi_args, "--map-by", "-map-by"):
         cmd += ["--map-by", "slot"]
+    if job.tcp_only and not _sets_mca(job.mpi_args, "pml", "btl"):
+        # ob1 with these byte-transfer layers only: shared memory on a host, TCP between hosts
+        # (Open MPI 5 calls its shared-memory layer sm, Open MPI 4 vader).
+        cmd += ["--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp" if v5 else "self,vader,tcp"]
     launcher_mca = ["--prtemca"] if v5 else ["--mca"]
     ssh_options = _ssh_options(job)
     if ssh_options:

@@ -23,8 +23,11 @@ Between mpirun and the user's program it:
   other than 0: every rank prints the same ones, and TF_CPP_MIN_LOG_LEVEL does not
   silence those absl writes before its logging is set up; with ``--quiet-tf-startup-all``,
   on rank 0 too. The ``--output-dir`` copies keep them.
+* with ``--timestamp-output``, puts the time before each tagged line (``Fri Nov 27 07:40:32 2026[1]<stdout>:``,
+  as Open MPI's ``--timestamp-output`` does): horovodrun's ``--prefix-output-with-timestamp``.
 
-Started as ``python rank_agent.py [--wait-for-stop] [--output-dir DIR] [--quiet-tf-startup[-all]] -- command ...``;
+Started as ``python rank_agent.py [--wait-for-stop] [--output-dir DIR] [--quiet-tf-startup[-all]] [--timestamp-output]
+-- command ...``;
 running it by path keeps each rank's start cheap (no package import, no TensorFlow).
 """
 
@@ -132,9 +135,11 @@ class _Pump(threading.Thread):
     """
 
     def __init__(self, pipe, stream, tag: bytes, copy_path: str | None, lock: threading.Lock,
-                 echo_line: bytes | None = None, hide: Callable[[bytes], bool] | None = None):
+                 echo_line: bytes | None = None, hide: Callable[[bytes], bool] | None = None,
+                 timestamps: bool = False):
         super().__init__(daemon=True)
         self.pipe, self.stream, self.tag, self.lock = pipe, stream, tag, lock
+        self.timestamps = timestamps
         self.copy = open(copy_path, "wb") if copy_path else None  # noqa: SIM115 - closed in run()
         self.echo_line = echo_line
         self.hide = hide
@@ -151,7 +156,8 @@ class _Pump(threading.Thread):
                 if self.hide is None or not self.hide(line.rstrip(b"\n")):
                     with self.lock:
                         try:
-                            self.stream.write(self.tag + line)
+                            stamp = time.strftime("%a %b %d %H:%M:%S %Y").encode() if self.timestamps else b""
+                            self.stream.write(stamp + self.tag + line)
                             self.stream.flush()
                         except (BrokenPipeError, ValueError):
                             pass
@@ -164,10 +170,13 @@ class _Pump(threading.Thread):
 
 
 def main(argv: list[str]) -> int:
-    output_dir, quiet_tf_startup, on_rank_zero_too, wait_for_stop = None, False, False, False
-    while argv[:1] in (["--output-dir"], ["--quiet-tf-startup"], ["--quiet-tf-startup-all"], ["--wait-for-stop"]):
+    output_dir, quiet_tf_startup, on_rank_zero_too, wait_for_stop, timestamps = None, False, False, False, False
+    while argv[:1] in (["--output-dir"], ["--quiet-tf-startup"], ["--quiet-tf-startup-all"], ["--wait-for-stop"],
+                       ["--timestamp-output"]):
         if argv[0] == "--wait-for-stop":
             wait_for_stop, argv = True, argv[1:]
+        elif argv[0] == "--timestamp-output":
+            timestamps, argv = True, argv[1:]
         elif argv[0].startswith("--quiet-tf-startup"):
             quiet_tf_startup, on_rank_zero_too, argv = True, argv[0].endswith("-all"), argv[1:]
         elif len(argv) >= 2:
@@ -234,10 +243,12 @@ def main(argv: list[str]) -> int:
 
     lock_out, lock_err = threading.Lock(), threading.Lock()
     pumps = [
-        _Pump(child.stdout, sys.stdout.buffer, f"[{rank}]<stdout>:".encode(), stdout_copy, lock_out),
+        _Pump(child.stdout, sys.stdout.buffer, f"[{rank}]<stdout>:".encode(), stdout_copy, lock_out,
+              timestamps=timestamps),
         _Pump(child.stderr, sys.stderr.buffer, f"[{rank}]<stderr>:".encode(), stderr_copy, lock_err,
               echo_line=f"{MARKER}{os.environ.get(TOKEN_ENV, '')} {ECHO_EVENT}".encode(),
-              hide=TensorFlowStartupFilter() if quiet_tf_startup and (rank != 0 or on_rank_zero_too) else None),
+              hide=TensorFlowStartupFilter() if quiet_tf_startup and (rank != 0 or on_rank_zero_too) else None,
+              timestamps=timestamps),
     ]
     for pump in pumps:
         pump.start()

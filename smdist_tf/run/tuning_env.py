@@ -41,6 +41,8 @@ def tuning_env(s: LaunchSettings) -> dict[str, str]:
         both("SMDIST_STALL_CHECK_TIME", "HOROVOD_STALL_CHECK_TIME_SECONDS", _number(s.stall_check_warning_time_seconds))
     if s.stall_check_shutdown_time_seconds is not None:
         both("SMDIST_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _number(s.stall_check_shutdown_time_seconds))
+    if s.no_stall_check:
+        env["HOROVOD_STALL_CHECK_DISABLE"] = "1"  # what horovodrun sets; the engine reads it (no SMDIST_ name)
     if s.log_level is not None:
         both("SMDIST_LOG_LEVEL", "HOROVOD_LOG_LEVEL", s.log_level)
     if s.autotune is not None:
@@ -51,6 +53,9 @@ def tuning_env(s: LaunchSettings) -> dict[str, str]:
         both("SMDIST_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", str(s.autotune_warmup_samples))
     if s.autotune_steps_per_sample is not None:
         both("SMDIST_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", str(s.autotune_steps_per_sample))
+    if s.tcp:
+        # horovodrun's --tcp keeps MPI off InfiniBand; NCCL's sockets are the TCP way for GPU tensors.
+        env["NCCL_IB_DISABLE"] = "1"
     if s.network_interfaces:
         # NCCL picks its own sockets: the interfaces MPI is told to use bind NCCL too, as horovodrun does.
         env["NCCL_SOCKET_IFNAME"] = ",".join(s.network_interfaces)

@@ -99,6 +99,10 @@ Status EngineConfig::FromEnvironment(EngineConfig* out) {
                                     -INFINITY, &c.stall_check_seconds));
   SMDIST_RETURN_IF_ERROR(ReadNumber("SMDIST_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
                                     -INFINITY, &c.stall_shutdown_seconds));
+  // Horovod's switch for the whole stall inspector: no warning, no shutdown.
+  bool stall_check_disabled = false;
+  SMDIST_RETURN_IF_ERROR(ReadFlag("HOROVOD_STALL_CHECK_DISABLE", nullptr, &stall_check_disabled));
+  if (stall_check_disabled) c.stall_check_seconds = c.stall_shutdown_seconds = 0;
   // On by default (unlike Horovod): with several hosts of equal layout, reducing
   // inside each host first sends 1/local_size of the bytes per rank across hosts.
   SMDIST_RETURN_IF_ERROR(
