@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ import pytest
 
 from smdist_tf.run.args import parse_args
 from smdist_tf.run.attempt import plan
+from smdist_tf.run.errors import UsageError
 from smdist_tf.run.horovod_flags import FLAGS_WITHOUT_EFFECT, VARIABLES_WITHOUT_EFFECT, variable_warnings
 from smdist_tf.run.launcher import main
 from smdist_tf.run.mpi_command import MpiFlavour, MpiJob, build_command
@@ -63,8 +65,8 @@ OPEN_MPI_5 = MpiFlavour("openmpi", 5, "5.0.11")
 
 def command_of(argv: list[str], flavour: MpiFlavour = OPEN_MPI_5) -> list[str]:
     s = parse_args(["-np", "2", *argv, "python", "x.py"])
-    job = MpiJob(mpirun="mpirun", flavour=flavour, np=2, rank_command=["python", "x.py"], mpi_args=s.mpi_args,
-                 tcp_only=s.tcp)
+    job = MpiJob(mpirun="mpirun", flavour=flavour, np=2, rank_command=["python", "x.py"],
+                 mpi_args=shlex.split(s.binding_args or "") + s.mpi_args, tcp_only=s.tcp)
     return build_command(job)
 
 
@@ -143,9 +145,12 @@ def test_tcp_keeps_open_mpi_and_nccl_on_tcp():
 
 
 def test_binding_args_replace_the_default_binding():
-    cmd = command_of(["--binding-args=--bind-to core --map-by socket"])
+    p = plan(parse_args(["-np", "2", "--binding-args=--bind-to core --map-by socket", "python", "x.py"]))
+    cmd = p.command
     assert cmd[cmd.index("--bind-to") + 1] == "core" and cmd[cmd.index("--map-by") + 1] == "socket"
     assert cmd.count("--bind-to") == 1 and cmd.count("--map-by") == 1
+    with pytest.raises(UsageError, match="--binding-args"):
+        parse_args(["-np", "2", "--binding-args", "--bind-to 'core", "true"])
 
 
 def test_network_interface_may_be_given_once_per_interface():

@@ -343,12 +343,6 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         elif name == "log_level":
             value = str(value).upper()
         setattr(settings, name, value)
-    if settings.binding_args:
-        # horovodrun's binding arguments replace its default binding, as mpirun options of their own.
-        try:
-            settings.mpi_args = shlex.split(settings.binding_args) + settings.mpi_args
-        except ValueError as e:
-            raise UsageError(f"--binding-args: {e}") from None
     settings.show_version = bool(version)
     if "start_timeout" not in merged and environ.get("HOROVOD_START_TIMEOUT"):
         settings.start_timeout = _coerce("HOROVOD_START_TIMEOUT", environ["HOROVOD_START_TIMEOUT"], float, "environment")
@@ -400,6 +394,11 @@ def validate(s: LaunchSettings) -> None:
         value = getattr(s, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise UsageError(f"--{name.replace('_', '-')} must be a finite number, not negative, got {value:g}")
+    if s.binding_args is not None:
+        try:
+            shlex.split(s.binding_args)
+        except ValueError as e:
+            raise UsageError(f"--binding-args: {e}") from None
     if s.timeline_sample_every is not None:
         _check_int(s.timeline_sample_every, "--timeline-sample-every", 1)
     if s.autotune_warmup_samples is not None:

@@ -152,7 +152,9 @@ def plan(s: LaunchSettings, environ: Mapping[str, str] | None = None, rank_comma
     job = MpiJob(
         mpirun=mpirun, flavour=flavour, np=np, rank_command=agent + ["--"] + list(rank_command or s.command),
         hosts=hosts, oversubscribe=oversubscribe, ssh_port=s.ssh_port, ssh_identity_file=s.ssh_identity_file,
-        network_interfaces=s.network_interfaces, mpi_args=s.mpi_args, env=extra,
+        network_interfaces=s.network_interfaces, env=extra,
+        # horovodrun's binding arguments: mpirun options of their own, before --mpi-args.
+        mpi_args=shlex.split(s.binding_args or "") + s.mpi_args,
         export=exported_names(env, remote, [k for k in extra if not k.startswith("OMPI_")]),
         as_root=as_root and flavour.name == "openmpi", tcp_only=s.tcp,
     )

@@ -78,7 +78,7 @@ def run(
     """
     settings = LaunchSettings(np=np, hosts=hosts, hostfile=hostfile, verbose=verbose, start_timeout=start_timeout)
     for name, value in tuning.items():
-        if not hasattr(settings, name) or name in ("command", "check_build", "show_version"):
+        if not hasattr(settings, name) or name in ("command", "check_build", "show_version", "warnings"):
             raise UsageError(f"smdist_tf.run: unknown setting {name!r}")
         if name == "mpi_args" and isinstance(value, str):
             import shlex  # noqa: PLC0415
