@@ -64,3 +64,56 @@ def run_suite(suites: str | Sequence[str], np: int, timeout: float, env: dict | 
     if len(summaries) != np or not all(int(n) > 0 for n in summaries):
         raise AssertionError(f"{name}: expected {np} rank summaries with passing tests:\n{out[-5000:]}")
     return out
+
+
+class SharedJob:
+    """Suites that share one MPI job per rank count: one TensorFlow start-up per rank for all of them.
+
+    Drivers add their suites when pytest imports them (``JOB.add(...)`` at module level), so a job
+    holds the suites of the drivers this pytest session collected. The first driver test to run at a
+    rank count starts the job with all of them (in the order added); each driver then judges only its
+    own suites, by the ``suite-outcome`` line every rank prints when a suite file ends
+    (tests/mp/conftest.py): a failure elsewhere in the job fails the suites it failed or kept from running.
+    The suites must want the same environment, and none may leave state behind that a later suite sees.
+    """
+
+    def __init__(self, name: str, env: dict | None = None) -> None:
+        self.name = name
+        self.env = env
+        self.suites: list[str] = []
+        self.timeout = 0.0
+        self.results: dict[int, tuple[int, str]] = {}
+
+    def add(self, suites: str | Sequence[str], timeout: float) -> list[str]:
+        """Adds ``suites`` (files in tests/mp) to the job, ``timeout`` seconds to its time limit; returns them."""
+        suites = [suites] if isinstance(suites, str) else list(suites)
+        self.suites += [suite for suite in suites if suite not in self.suites]
+        self.timeout += timeout
+        return suites
+
+    def run(self, suites: Sequence[str], np: int) -> str:
+        """Fails unless every rank ran ``suites`` in this job at ``np`` ranks with tests passing and none failing."""
+        if np not in self.results:
+            paths = [str(MP_DIR / suite) for suite in self.suites]
+            self.results[np] = run_under_mpi(np, ["-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", "--color=no",
+                                                  "-W", "ignore::DeprecationWarning"], self.timeout, self.env)
+        code, out = self.results[np]
+        problems = []
+        for suite in suites:
+            for rank in range(np):
+                found = re.search(rf"^suite-outcome: rank {rank} {re.escape(suite)} passed=(\d+) failed=(\d+)", out, re.M)
+                if found is None:
+                    problems.append(f"{suite} did not finish on rank {rank}")
+                elif int(found.group(2)) or not int(found.group(1)):
+                    problems.append(f"{suite} on rank {rank}: {found.group(1)} passed, {found.group(2)} failed")
+        if problems:
+            failures = [m.group(0) for suite in suites
+                        for m in re.finditer(rf"^FAILED \[rank \d+/\d+\] \S*{re.escape(suite)}::[\s\S]{{0,6000}}", out, re.M)]
+            detail = "\n".join(failures) if failures else out[-20000:]
+            raise AssertionError(f"{' + '.join(suites)} with {np} ranks in the shared job '{self.name}' "
+                                 f"(exit {code}): {'; '.join(problems)}\n{detail[-30000:]}")
+        return out
+
+
+# Suites without an environment of their own, and no process sets registered at import: one job per rank count.
+PLAIN_JOB = SharedJob("plain")

@@ -2,14 +2,17 @@
 
 import pytest
 
-from tests.mpi_harness import run_suite
+from tests.mpi_harness import PLAIN_JOB
+
+COLLECTIVES = PLAIN_JOB.add("suite_collectives.py", timeout=600)  # one job with the other plain suites
+ERRORS = PLAIN_JOB.add(["suite_errors.py", "suite_fusion.py", "suite_intra_host.py"], timeout=600)
 
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_collectives_suite(np):
-    run_suite("suite_collectives.py", np, timeout=600)
+    PLAIN_JOB.run(COLLECTIVES, np)
 
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_errors_suite(np):
-    run_suite(["suite_errors.py", "suite_fusion.py", "suite_intra_host.py"], np, timeout=600)
+    PLAIN_JOB.run(ERRORS, np)

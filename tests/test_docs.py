@@ -1,9 +1,9 @@
 """The documentation runs: every runnable code block of README.md and docs/*.md, at 2 ranks.
 
 Blocks are read from the Markdown (tests/doc_blocks.py says how a block is marked as
-skipped, with a reason, or completed). A file's Python blocks run in order, in one
-session per rank under ``smdistrun -np 2`` (tests/doc_session.py), with a fresh temporary
-directory as the working directory; a block marked ``launch: python`` runs as a script of
+skipped, with a reason, or completed). The files' Python blocks run in one job under
+``smdistrun -np 2`` (tests/doc_session.py), file after file, each file's blocks in order in
+a namespace of their own with a fresh temporary directory as the working directory; a block marked ``launch: python`` runs as a script of
 its own. Bash blocks run one by one with ``bash -euo pipefail`` from the repository root,
 with every ``-np N`` changed to ``-np 2``. Everything has a timeout.
 """
@@ -23,7 +23,7 @@ from tests.doc_blocks import ROOT, documentation_files, read_blocks
 from tests.mpi_harness import mpi_env, run_process_group
 
 NP = 2
-SESSION_TIMEOUT_S = 420
+SESSION_TIMEOUT_S = 900  # every file's blocks, one after another
 BLOCK_TIMEOUT_S = 300
 SESSION = str(ROOT / "tests" / "doc_session.py")
 BLOCKS = {path: read_blocks(path) for path in documentation_files()}
@@ -74,20 +74,36 @@ def test_every_block_runs_or_says_why():
     assert runnable >= 20, f"only {runnable} runnable blocks found: is the extraction broken?"
 
 
-@pytest.mark.parametrize("path,blocks", _runnable("python", "session"))
-def test_python_blocks_run_at_two_ranks(path, blocks, tmp_path):
-    blocks_file = tmp_path / "blocks.json"
-    entries = []
-    for block in blocks:
-        before, code, after = block.completed()
-        entries.append({"where": block.where, "before": before, "code": code, "after": after})
-    blocks_file.write_text(json.dumps(entries))
-    code, out = _run([sys.executable, "-m", "smdist_tf.run", "-np", str(NP), sys.executable, SESSION,
-                      str(blocks_file)], tmp_path, SESSION_TIMEOUT_S)
-    assert code == 0, f"{path.name}: a block failed (exit {code}):\n{out[-15000:]}"
-    for block in blocks:
-        for rank in range(NP):
-            assert f"[{rank}]<stdout>:doc-test: {block.where} ok" in out, f"{block.where} did not run:\n{out[-5000:]}"
+PYTHON_SESSIONS = _runnable("python", "session")
+
+
+@pytest.fixture(scope="module")
+def python_session(request, tmp_path_factory) -> tuple[int, str]:
+    """One ``smdistrun -np 2`` job runs every selected file's Python blocks (exit code, output)."""
+    selected = {item.callspec.params["path"] for item in request.session.items
+                if item.originalname == "test_python_blocks_run_at_two_ranks"}
+    files = [{"name": param.values[0].name, "blocks": [
+        dict(zip(("before", "code", "after"), block.completed()), where=block.where) for block in param.values[1]]}
+        for param in PYTHON_SESSIONS if param.values[0] in selected]
+    workdir = tmp_path_factory.mktemp("doc_session")
+    session_file = workdir / "session.json"
+    session_file.write_text(json.dumps(files))
+    return _run([sys.executable, "-m", "smdist_tf.run", "-np", str(NP), sys.executable, SESSION, str(session_file)],
+                workdir, SESSION_TIMEOUT_S)
+
+
+@pytest.mark.parametrize("path,blocks", PYTHON_SESSIONS)
+def test_python_blocks_run_at_two_ranks(path, blocks, python_session):
+    code, out = python_session
+    if f"doc-test: file {path.name} ok" in out:
+        for block in blocks:
+            for rank in range(NP):
+                assert f"[{rank}]<stdout>:doc-test: {block.where} ok" in out, f"{block.where} did not run:\n{out[-5000:]}"
+        return
+    failed = re.search(r"doc-test: (\S+):\d+ FAILED", out)
+    if failed and Path(failed.group(1)).name != path.name:
+        pytest.fail(f"{path.name} did not run: {failed.group(0)} ended the session before it (exit {code})")
+    pytest.fail(f"{path.name}: a block failed (exit {code}):\n{out[-15000:]}")
 
 
 @pytest.mark.parametrize("block", [b for param in _runnable("python", "python") for b in param.values[1]],

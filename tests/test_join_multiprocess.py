@@ -2,9 +2,11 @@
 
 import pytest
 
-from tests.mpi_harness import run_suite
+from tests.mpi_harness import PLAIN_JOB
+
+JOIN = PLAIN_JOB.add("suite_join.py", timeout=300)  # one job with the other plain suites
 
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_join_suite(np):
-    run_suite("suite_join.py", np, timeout=300)
+    PLAIN_JOB.run(JOIN, np)

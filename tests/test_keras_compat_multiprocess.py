@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mpi_harness import ROOT, mpi_env, run_process_group, run_suite
+from tests.mpi_harness import PLAIN_JOB, ROOT, mpi_env, run_process_group
 
 EXAMPLE = "examples/horovod_compat/keras_mnist.py"
 HOROVOD_KERAS_NAMES = (
@@ -23,10 +23,12 @@ HOROVOD_KERAS_NAMES = (
     "callbacks", "elastic", "PipelineModel",
 )
 
+KERAS_COMPAT = PLAIN_JOB.add("suite_keras_compat.py", timeout=300)  # one job with the other plain suites
+
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_keras_compat_suite(np):
-    run_suite("suite_keras_compat.py", np, timeout=300)
+    PLAIN_JOB.run(KERAS_COMPAT, np)
 
 
 def test_import_names_without_tensorflow():

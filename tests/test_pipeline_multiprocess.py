@@ -4,12 +4,14 @@ import re
 
 import pytest
 
-from tests.mpi_harness import run_suite, run_under_mpi
+from tests.mpi_harness import PLAIN_JOB, run_under_mpi
+
+PIPELINE = PLAIN_JOB.add("suite_pipeline.py", timeout=450)  # one job with the other plain suites
 
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_pipeline_suite(np):
-    run_suite("suite_pipeline.py", np, timeout=450)
+    PLAIN_JOB.run(PIPELINE, np)
 
 
 @pytest.mark.parametrize("np,mode", [(2, "exit"), (4, "raise")])

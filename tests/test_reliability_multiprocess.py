@@ -3,9 +3,11 @@ repeated stall warnings, the engine's log level and timeline cycle marks, with 2
 
 import pytest
 
-from tests.mpi_harness import run_suite
+from tests.mpi_harness import PLAIN_JOB
+
+RELIABILITY = PLAIN_JOB.add("suite_reliability.py", timeout=600)  # one job with the other plain suites
 
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_reliability_suite(np):
-    run_suite("suite_reliability.py", np, timeout=600)
+    PLAIN_JOB.run(RELIABILITY, np)

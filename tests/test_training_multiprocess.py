@@ -4,12 +4,14 @@ import re
 
 import pytest
 
-from tests.mpi_harness import run_suite, run_under_mpi
+from tests.mpi_harness import PLAIN_JOB, run_under_mpi
+
+TRAINING = PLAIN_JOB.add("suite_training.py", timeout=600)  # one job with the other plain suites
 
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_training_suite(np):
-    run_suite("suite_training.py", np, timeout=600)
+    PLAIN_JOB.run(TRAINING, np)
 
 
 def test_main_job_digits_two_ranks():

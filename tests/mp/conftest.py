@@ -1,5 +1,6 @@
 """Rank-side pytest setup for every suite: the engine started once per process, failures tagged with
-the rank and printed at once, and a hung test ending the job with the ranks' stacks (tests/mp/rank_guards.py).
+the rank and printed at once, each suite file's outcome printed when it ends, and a hung test ending the
+job with the ranks' stacks (tests/mp/rank_guards.py).
 
 A suite sets ``HANG_S`` (seconds) where its longest test needs more or less than the default.
 """
@@ -26,8 +27,18 @@ def pytest_runtest_makereport(item, call):
         report.nodeid = f"[rank {sd.rank()}/{sd.size()}] {report.nodeid}"
 
 
+OUTCOMES = rank_guards.SuiteOutcomes(sd.rank())
+
+
 def pytest_runtest_logreport(report):
     rank_guards.report_at_once(report)
+    OUTCOMES.record(report)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield
+    OUTCOMES.print_when_done(item, nextitem)
 
 
 @pytest.fixture(autouse=True)

@@ -24,6 +24,36 @@ def report_at_once(report: pytest.TestReport) -> None:
         sys.stderr.flush()
 
 
+class SuiteOutcomes:
+    """Counts each suite file's test outcomes on this rank and prints them when the file's last test ends.
+
+    Several suites can share one job (tests/mpi_harness.py, ``SharedJob``); the host reads these lines
+    to judge each suite on its own, even when a later suite ends the job before pytest's summary.
+    """
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def record(self, report: pytest.TestReport) -> None:
+        counts = self.counts.setdefault(os.path.basename(report.location[0]), {"passed": 0, "failed": 0, "skipped": 0})
+        if report.failed:
+            counts["failed"] += 1
+        elif report.skipped:
+            counts["skipped"] += 1
+        elif report.when == "call":
+            counts["passed"] += 1
+
+    def print_when_done(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
+        if nextitem is not None and nextitem.path == item.path:
+            return
+        counts = self.counts.get(item.path.name, {"passed": 0, "failed": 0, "skipped": 0})
+        line = f"\nsuite-outcome: rank {self.rank} {item.path.name} " + " ".join(f"{k}={v}" for k, v in counts.items())
+        with item.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+
 def hang_guard(request: pytest.FixtureRequest, rank: int, size: int, hang_seconds: float) -> Iterator[None]:
     """Body of an autouse fixture: exits this rank with every thread's stack if the test outlives ``hang_seconds``."""
     capture = request.config.pluginmanager.getplugin("capturemanager")

@@ -682,6 +682,11 @@ class PipelineExportTest(tf.test.TestCase):
             self.assertAllEqual(everyone[r], mine.numpy(), msg=f"rank {r} gathered other weights")
 
     def _fit_output(self, **options) -> str:
+        # As in a fresh process: a DataParallelStrategy made earlier in this job (another suite's) turns
+        # Keras' interactive logging off on the ranks other than 0 for the rest of the process.
+        if not keras.config.is_interactive_logging_enabled():
+            keras.config.enable_interactive_logging()
+            self.addCleanup(keras.config.disable_interactive_logging)
         x, y = data(16, seed=12)
         pm = PipelineModel(mlp, num_stages=2, num_microbatches=2, verbose=False, **options)
         pm.compile(optimizer="sgd", loss=LOSS)

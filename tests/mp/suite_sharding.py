@@ -97,6 +97,17 @@ def fit_with_distributed_optimizer(shard: bool, make_optimizer, build=mlp, input
     return model
 
 
+def optimizers_for_path(path: int) -> list:
+    """The optimizers a path (0: the strategy, 1: DistributedOptimizer) is checked with: all at 2 ranks.
+
+    At 4 ranks, where a fit costs twice as much on the 2-core CI machine, each optimizer runs on one of the
+    two paths (alternately): every optimizer's slots are still sharded 4 ways, and each path still runs
+    three optimizers; the pairing of optimizer and path does not depend on the rank count.
+    """
+    items = list(OPTIMIZERS.items())
+    return items if SIZE <= 2 else items[path::2]
+
+
 def inner(optimizer):
     return getattr(optimizer, "inner_optimizer", optimizer)
 
@@ -113,12 +124,12 @@ class SameTrainingTest(SyncAssertions):
         self.assert_identical_on_all_ranks(np.concatenate([w.ravel() for w in sharded.get_weights()]))
 
     def test_every_optimizer_fits_as_unsharded_under_the_strategy(self):
-        for name, make in OPTIMIZERS.items():
+        for name, make in optimizers_for_path(0):
             with self.subTest(optimizer=name):
                 self.assert_same_training(fit_under_strategy(True, make), fit_under_strategy(False, make))
 
     def test_every_optimizer_fits_as_unsharded_through_distributed_optimizer(self):
-        for name, make in OPTIMIZERS.items():
+        for name, make in optimizers_for_path(1):
             with self.subTest(optimizer=name):
                 self.assert_same_training(fit_with_distributed_optimizer(True, make),
                                           fit_with_distributed_optimizer(False, make))
