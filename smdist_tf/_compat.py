@@ -84,12 +84,13 @@ The other reaches, by the module that makes them:
   ``keras.src.backend.tensorflow.distribution_lib``, a prototype), by attribute at each call:
   ``initialize``, ``list_devices``, ``get_device_count``, ``num_processes`` and ``process_id``
   (read by ``Distribution.__init__`` only when the module has both), ``distribute_tensor``,
-  ``_to_backend_mesh`` and ``_to_backend_layout``; JAX's Keras also calls ``distribute_variable`` and
-  ``distribute_data_input``. smdist_tf sets these on that module. ``set_distribution`` (and so
+  ``_to_backend_mesh`` and ``_to_backend_layout``; JAX's trainer also calls ``distribute_data_input``.
+  smdist_tf sets these on that module. ``set_distribution`` (and so
   ``Distribution.scope()``) stores the distribution with
   ``keras.src.backend.common.global_state.set_global_attribute(GLOBAL_ATTRIBUTE_NAME, value)``,
   looking the function up on the module at each call: smdist_tf wraps it there, so a distribution
-  becoming current (or ending) sets ``DataParallelStrategy`` globally (or unsets it).
+  becoming current (or ending) sets ``DataParallelStrategy`` globally (or unsets it). A
+  ``ModelParallel``'s layouts are read from its ``_layout_map`` (no public accessor).
 * ``smdist_tf.testing.DistributedTestCase`` (a ``tf.test.TestCase``) reads unittest's
   ``TestCase._testMethodName``.
 

@@ -8,8 +8,8 @@ They describe the job ``DataParallelStrategy`` trains over: one process per rank
 device per process, so rank r's device is ``"<type>:r"``.
 
 What differs from the JAX backend: nothing is sharded inside a process, so
-``distribute_tensor``, ``distribute_variable`` and ``distribute_data_input`` return their
-value as it is, after checking that the layout asks for no more than data parallelism
+``distribute_tensor`` and ``distribute_data_input`` (which JAX's trainer calls) return
+their value as it is, after checking that the layout asks for no more than data parallelism
 (see ``require_data_parallel_layout``).
 """
 
@@ -94,12 +94,6 @@ def distribute_tensor(tensor: Any, layout: Any) -> Any:
     return tensor
 
 
-def distribute_variable(value: Any, layout: Any) -> Any:
-    """``value`` as it is: ``DataParallelStrategy`` mirrors every variable on every rank."""
-    require_data_parallel_layout(layout, f"the variable layout {layout}")
-    return value
-
-
 def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: str) -> Any:
     """This process's batch as it is: the strategy trains each rank's replica on its own batch."""
     require_data_parallel_layout(layout, f"the data layout {layout}")
@@ -122,7 +116,7 @@ def _to_backend_layout(tensor_layout: Any) -> Any:
 
 
 _FUNCTIONS = (initialize, num_processes, process_id, list_devices, get_device_count, distribute_tensor,
-              distribute_variable, distribute_data_input, _to_backend_mesh, _to_backend_layout)
+              distribute_data_input, _to_backend_mesh, _to_backend_layout)
 
 
 def patch_backend_distribution_lib() -> None:

@@ -69,7 +69,7 @@ PATCHES = (
 KERAS_DISTRIBUTION_PATCHES = (
     KerasPatch(
         "keras.src.backend.tensorflow.distribution_lib: initialize, num_processes, process_id, list_devices, "
-        "get_device_count, distribute_tensor, distribute_variable, distribute_data_input, _to_backend_mesh, "
+        "get_device_count, distribute_tensor, distribute_data_input, _to_backend_mesh, "
         "_to_backend_layout",
         "Keras' TensorFlow module is a prototype: keras.distribution.initialize() and get_device_count() fail, "
         "and a Distribution sees one process (smdist_tf/keras/distribution_backend.py)",

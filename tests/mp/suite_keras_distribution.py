@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import smdist_tf as sd
 import smdist_tf.keras as sk
+from smdist_tf import _compat
 from tests.mp.sync_assertions import SyncAssertions
 from tests.mpi_harness import ROOT
 
@@ -71,6 +72,10 @@ class DevicesAndInitializeTest(SyncAssertions):
         self.assertEqual(distribution.data_shard_id, RANK)
         self.assertIs(distribution.device_mesh.backend_mesh, job_strategy())
         self.assertEqual(job_strategy().num_replicas_in_sync, SIZE)
+        # What JAX's trainer calls for each batch: this rank's batch is its replica's, as it is.
+        batch = tf.ones([4, 6])
+        backend = _compat.keras_backend_distribution_lib()
+        self.assertIs(backend.distribute_data_input(batch, distribution.get_data_layout([4, 6]), "batch"), batch)
 
     def test_initialize_accepts_the_jobs_own_values(self):
         keras.distribution.initialize()
