@@ -719,3 +719,12 @@ class KerasDistributionReachesTest(tf.test.TestCase):
             self.assertIs(tf.distribute.get_strategy(), job_strategy())
             self.assertEqual(keras.distribution.list_devices(), ["cpu:0"])
         self.assertFalse(tf.distribute.has_strategy())
+        # clear_session() resets TensorFlow's default graph, which drops the global strategy with Keras' state.
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
+        keras.utils.clear_session()
+        self.assertFalse(tf.distribute.has_strategy())
+        self.assertIsNone(keras.distribution.distribution())
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
+        self.assertIs(tf.distribute.get_strategy(), job_strategy())
+        keras.distribution.set_distribution(None)
+        self.assertFalse(tf.distribute.has_strategy())

@@ -104,16 +104,18 @@ def require_data_parallel(distribution: Any) -> None:
 def make_current(distribution: Any) -> None:
     """Sets the job's strategy globally for ``distribution``, or unsets it for ``None``."""
     global _set_strategy
+    # Compared with what TensorFlow has set, not only with _set_strategy: keras.utils.clear_session()
+    # resets TensorFlow's default graph, and the global strategy with it.
     if distribution is None:
-        if _set_strategy is not None:
+        if _set_strategy is not None and tf.distribute.get_strategy() is _set_strategy:
             tf.distribute.experimental_set_strategy(None)
-            _set_strategy = None
+        _set_strategy = None
         return
     require_data_parallel(distribution)
     strategy = job_strategy()
-    if _set_strategy is not strategy:
+    if tf.distribute.get_strategy() is not strategy:
         tf.distribute.experimental_set_strategy(strategy)
-        _set_strategy = strategy
+    _set_strategy = strategy
 
 
 def patch_distribution_activation() -> None:

@@ -9,6 +9,8 @@ is not served are checked on every rank, together.
 from __future__ import annotations
 
 import importlib.util
+import os
+import tempfile
 import unittest
 
 import keras
@@ -111,20 +113,27 @@ class DataParallelTrainingTest(SyncAssertions):
         self.assertAllClose(history.history["loss"], REFERENCE_LOSSES, atol=1e-5, rtol=1e-5)
         self.assertAllClose(weights, REFERENCE_WEIGHTS, atol=1e-5, rtol=1e-5)
 
-    def test_a_scope_serves_evaluate_and_predict_with_global_results(self):
+    def test_a_scope_serves_fit_evaluate_predict_and_checkpoints(self):
+        path = os.path.join(sd.broadcast_object(tempfile.mkdtemp() if RANK == 0 else None), "last.weights.h5")
         with keras.distribution.DataParallel().scope():
             self.assertIs(tf.distribute.get_strategy(), job_strategy())
             model = compiled_model()
-            model.fit(dataset(), epochs=1, verbose=0)
+            checkpoint = sk.callbacks.ModelCheckpoint(path, save_weights_only=True)  # files from rank 0 only
+            model.fit(dataset(), epochs=1, verbose=0, callbacks=[checkpoint])
             loss = model.evaluate(dataset(), verbose=0)
-            predictions = model.predict(dataset(), verbose=0)
         self.assertFalse(tf.distribute.has_strategy())
         self.assertIsNone(keras.distribution.distribution())
         self.assert_identical_on_all_ranks(flat_weights(model))
-        # Every rank computed its share; the results are the whole data's, in order.
+        # Every rank computed its share; the results are the whole data's.
         local = model(X, training=False)
-        self.assertAllClose(predictions, local, atol=1e-5, rtol=1e-5)
         self.assertAllClose(loss, float(LOSS(Y, local)), atol=1e-5, rtol=1e-5)
+        # Outside the scope the model keeps its strategy, which shards global batches by rank itself.
+        predictions = model.predict(dataset(), verbose=0)
+        self.assertAllClose(predictions, local, atol=1e-5, rtol=1e-5)
+        sd.barrier()  # rank 0's file is written
+        restored = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)])
+        restored.load_weights(path)
+        self.assertAllClose(flat_weights(restored), flat_weights(model), atol=0, rtol=0)
 
     def test_uneven_shares_end_together(self):
         # 100 samples: Keras gives the last global batch of 4 to rank 0 alone (rank 1 at 2 ranks).
