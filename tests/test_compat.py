@@ -713,6 +713,9 @@ class KerasDistributionReachesTest(tf.test.TestCase):
     def test_a_current_distribution_sets_the_job_strategy_in_one_process(self):
         self.assertTrue(sk.use_keras_distribution())
         from smdist_tf.keras.distribution_activation import job_strategy
+        from smdist_tf.keras.patches import KERAS_DISTRIBUTION_PATCHES, installed_patches
+
+        self.assertLessEqual({p.target for p in KERAS_DISTRIBUTION_PATCHES}, set(installed_patches()))
 
         self.assertFalse(tf.distribute.has_strategy())
         with keras.distribution.DataParallel().scope():
