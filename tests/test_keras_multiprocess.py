@@ -1,4 +1,5 @@
-"""Keras 3 / tf.distribute integration across 2 and 4 ranks, and the Keras digits example end to end."""
+"""Keras 3 / tf.distribute integration across 2 and 4 ranks (with Keras' own keras.distribution API on TensorFlow,
+in the same jobs), and the Keras digits example end to end."""
 
 import re
 import tempfile
@@ -11,7 +12,8 @@ from tests.mpi_harness import run_suite, run_under_mpi
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_keras_suite(np):
-    run_suite("suite_keras.py", np, timeout=600)
+    # suite_keras_distribution.py shares the job: one TensorFlow start-up per rank for both.
+    run_suite(["suite_keras.py", "suite_keras_distribution.py"], np, timeout=600)
 
 
 @pytest.mark.parametrize("np", [1, 2, 4])

@@ -1,6 +1,6 @@
 """Keras 3's ``keras.distribution`` on the TensorFlow backend, served by smdist_tf.
 
-Run on every rank by tests/test_keras_distribution_multiprocess.py. A script written the
+Run on every rank by tests/test_keras_multiprocess.py, in the jobs of suite_keras.py. A script written the
 JAX way (``DataParallel`` + ``fit``) must train exactly as ``DataParallelStrategy`` does at
 the same global batch; devices, ``initialize``'s arguments, scopes and the errors of what
 is not served are checked on every rank, together.

@@ -1,4 +1,8 @@
-"""Keras 3's ``keras.distribution`` on TensorFlow through smdist_tf at 2 and 4 ranks, and the example on JAX."""
+"""examples/keras_distribution.py on JAX: the script that tests/mp/suite_keras_distribution.py runs on TensorFlow.
+
+The suite itself (Keras 3's ``keras.distribution`` on TensorFlow at 2 and 4 ranks) runs in
+the jobs of tests/test_keras_multiprocess.py, beside suite_keras.py.
+"""
 
 import os
 import re
@@ -6,14 +10,7 @@ import socket
 import subprocess
 import sys
 
-import pytest
-
-from tests.mpi_harness import ROOT, run_suite
-
-
-@pytest.mark.parametrize("np", [2, 4])
-def test_keras_distribution_suite(np):
-    run_suite("suite_keras_distribution.py", np, timeout=400)
+from tests.mpi_harness import ROOT
 
 
 def test_the_same_example_runs_on_jax():
