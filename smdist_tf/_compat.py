@@ -78,6 +78,19 @@ The other reaches, by the module that makes them:
   ``_accumulated_gradients``, ``_iterations``, ``_apply_weight_decay``,
   ``_backend_increment_gradient_accumulators``, ``_backend_reset_gradient_accumulators``
   and ``_distribution_strategy``.
+* ``keras.distribution`` on the TensorFlow backend (smdist_tf/keras/distribution_backend.py,
+  smdist_tf/keras/distribution_activation.py). Keras' ``keras.src.distribution.distribution_lib``
+  calls the backend's module, ``keras.src.backend.distribution_lib`` (for TensorFlow
+  ``keras.src.backend.tensorflow.distribution_lib``, a prototype), by attribute at each call:
+  ``initialize``, ``list_devices``, ``get_device_count``, ``num_processes`` and ``process_id``
+  (read by ``Distribution.__init__`` only when the module has both), ``distribute_tensor``,
+  ``_to_backend_mesh`` and ``_to_backend_layout``; JAX's trainer also calls ``distribute_data_input``.
+  smdist_tf sets these on that module. ``set_distribution`` (and so
+  ``Distribution.scope()``) stores the distribution with
+  ``keras.src.backend.common.global_state.set_global_attribute(GLOBAL_ATTRIBUTE_NAME, value)``,
+  looking the function up on the module at each call: smdist_tf wraps it there, so a distribution
+  becoming current (or ending) sets ``DataParallelStrategy`` globally (or unsets it). A
+  ``ModelParallel``'s layouts are read from its ``_layout_map`` (no public accessor).
 * ``smdist_tf.testing.DistributedTestCase`` (a ``tf.test.TestCase``) reads unittest's
   ``TestCase._testMethodName``.
 
@@ -233,3 +246,17 @@ def eager_scope() -> Any:
 
     return context.eager_mode()
 
+
+def keras_backend_distribution_lib() -> Any:
+    """The module ``keras.distribution`` calls into for the TensorFlow backend (a prototype in Keras 3.15)."""
+    return importlib.import_module("keras.src.backend.tensorflow.distribution_lib")
+
+
+def keras_global_state() -> Any:
+    """Keras' ``global_state`` module, whose ``set_global_attribute`` ``set_distribution`` calls."""
+    return importlib.import_module("keras.src.backend.common.global_state")
+
+
+def keras_distribution_attribute() -> str:
+    """The global attribute ``keras.distribution.set_distribution`` stores the distribution under."""
+    return importlib.import_module("keras.src.distribution.distribution_lib").GLOBAL_ATTRIBUTE_NAME

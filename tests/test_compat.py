@@ -667,3 +667,67 @@ class PrivateNameInventoryTest(tf.test.TestCase):
             self.assertAllClose(store[key], variable.numpy())
         finally:
             store.close()
+
+
+class KerasDistributionReachesTest(tf.test.TestCase):
+    """keras.distribution on TensorFlow (smdist_tf/keras/distribution_*.py): what Keras calls, and where."""
+
+    def test_keras_calls_exactly_the_backend_functions_smdist_tf_sets(self):
+        import importlib.util
+
+        from smdist_tf.keras import distribution_backend
+
+        frontend = sys.modules[keras.distribution.initialize.__module__]
+        backend_module = _compat.keras_backend_distribution_lib()
+        self.assertIs(frontend.distribution_lib, backend_module)  # the module Keras dispatches to
+        called = set(re.findall(r"\bdistribution_lib\.(\w+)\(", inspect.getsource(frontend)))
+        self.assertEqual(called, {"initialize", "list_devices", "get_device_count", "num_processes", "process_id",
+                                  "distribute_tensor", "_to_backend_mesh", "_to_backend_layout"})
+        # Distribution.__init__ asks the backend for processes only when it has both functions.
+        self.assertIn('hasattr(distribution_lib, "num_processes")', inspect.getsource(frontend.Distribution.__init__))
+        ours = {f.__name__: f for f in distribution_backend._FUNCTIONS}
+        self.assertLessEqual(called, set(ours))
+        # JAX's trainer calls distribute_data_input too: ours take the same arguments as JAX's module.
+        import ast
+
+        jax_source = open(importlib.util.find_spec("keras.src.backend.jax.distribution_lib").origin).read()
+        jax_params = {node.name: [a.arg for a in node.args.args] for node in ast.parse(jax_source).body
+                      if isinstance(node, ast.FunctionDef)}
+        for name, function in ours.items():
+            self.assertEqual(_params(function), jax_params[name], name)
+
+    def test_set_distribution_and_scope_store_through_set_global_attribute(self):
+        source = inspect.getsource(sys.modules[keras.distribution.set_distribution.__module__].set_distribution)
+        self.assertIn("global_state.set_global_attribute(GLOBAL_ATTRIBUTE_NAME, value)", source)
+        self.assertIn("set_distribution(self)", inspect.getsource(keras.distribution.DataParallel.scope))
+        self.assertTrue(callable(_compat.keras_global_state().set_global_attribute))
+        mesh = keras.distribution.DeviceMesh((1,), ["batch"], ["cpu:0"])
+        layout_map = keras.distribution.LayoutMap(mesh)
+        distribution = keras.distribution.ModelParallel(layout_map=layout_map)
+        self.assertIs(distribution._layout_map, layout_map)
+        with distribution.scope():
+            attribute = _compat.keras_distribution_attribute()
+            self.assertIs(_compat.get_global_attribute(attribute), distribution)
+        self.assertIsNone(keras.distribution.distribution())
+
+    def test_a_current_distribution_sets_the_job_strategy_in_one_process(self):
+        self.assertTrue(sk.use_keras_distribution())
+        from smdist_tf.keras.distribution_activation import job_strategy
+        from smdist_tf.keras.patches import KERAS_DISTRIBUTION_PATCHES, installed_patches
+
+        self.assertLessEqual({p.target for p in KERAS_DISTRIBUTION_PATCHES}, set(installed_patches()))
+
+        self.assertFalse(tf.distribute.has_strategy())
+        with keras.distribution.DataParallel().scope():
+            self.assertIs(tf.distribute.get_strategy(), job_strategy())
+            self.assertEqual(keras.distribution.list_devices(), ["cpu:0"])
+        self.assertFalse(tf.distribute.has_strategy())
+        # clear_session() resets TensorFlow's default graph, which drops the global strategy with Keras' state.
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
+        keras.utils.clear_session()
+        self.assertFalse(tf.distribute.has_strategy())
+        self.assertIsNone(keras.distribution.distribution())
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
+        self.assertIs(tf.distribute.get_strategy(), job_strategy())
+        keras.distribution.set_distribution(None)
+        self.assertFalse(tf.distribute.has_strategy())

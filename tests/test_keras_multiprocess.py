@@ -1,4 +1,5 @@
-"""Keras 3 / tf.distribute integration across 2 and 4 ranks, and the Keras digits example end to end."""
+"""Keras 3 / tf.distribute integration across 2 and 4 ranks (with Keras' own keras.distribution API on TensorFlow,
+in the same jobs), and the Keras digits example end to end."""
 
 import re
 import tempfile
@@ -8,7 +9,7 @@ import pytest
 
 from tests.mpi_harness import PLAIN_JOB, run_under_mpi
 
-KERAS = PLAIN_JOB.add("suite_keras.py", timeout=600)  # one job with the other plain suites
+KERAS = PLAIN_JOB.add(["suite_keras.py", "suite_keras_distribution.py"], timeout=600)  # one job with the other plain suites
 
 
 @pytest.mark.parametrize("np", [2, 4])

@@ -45,6 +45,24 @@ class DataParallelExtended(_compat.MirroredExtended):
         # agree on between ranks, and TF's distributed iterator (a multi-device iterator even for
         # one device) costs about 170 us a step, a sixth of a small training step.
         self._plain_input = self._replicas == 1 and not tf.config.list_logical_devices("GPU")
+        self._serves_keras_distribution = False
+
+    def serve_keras_distribution(self) -> None:
+        """Takes a dataset as this rank's own while a ``keras.distribution`` is current.
+
+        Keras' data adapter has then sharded it per process already (or the user did, with
+        ``auto_shard_dataset=False``), as the JAX backend expects: sharding it again by rank
+        would leave each rank 1/N of its share. Without a current ``keras.distribution`` the
+        strategy shards a global-batch dataset by rank, as it always does.
+        """
+        self._serves_keras_distribution = True
+
+    def _keras_sharded_input(self) -> bool:
+        if not self._serves_keras_distribution:
+            return False
+        import keras  # Keras 3: use_keras_distribution() made sure
+
+        return keras.distribution.distribution() is not None
 
     # --- topology -------------------------------------------------------------------------------
     @property
@@ -117,6 +135,8 @@ class DataParallelExtended(_compat.MirroredExtended):
             raise NotImplementedError("InputReplicationMode.PER_REPLICA needs distribute_datasets_from_function")
         if self._plain_input:
             return dataset
+        if self._keras_sharded_input():
+            return self._distribute_datasets_from_function(lambda _: dataset, options)
         return _compat.get_distributed_dataset(
             dataset,
             self._input_workers_with_options(options),

@@ -6,7 +6,8 @@ It serves the Keras ``tf.keras`` is: Keras 3, or Keras 2 (``tf_keras``) when
 Runtime and topology (``init``, ``rank``, ``size``, ...), the collectives with Horovod's
 Keras-module signatures, ``DistributedOptimizer``, ``PartialDistributedOptimizer``,
 ``load_model``, ``broadcast_global_variables``, ``callbacks``, ``elastic``,
-``Compression`` and ``PipelineModel``.
+``Compression``, ``PipelineModel`` and ``use_keras_distribution`` (Keras 3's
+``keras.distribution`` on TensorFlow, served by smdist_tf: docs/keras-distribution.md).
 
 Names resolve lazily (PEP 562), as in ``smdist_tf``: importing this module does not
 import TensorFlow, so a script's top-level ``import smdist_tf.keras as hvd`` costs the
@@ -36,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "PartialDistributedOptimizer": "smdist_tf.keras.partial_optimizer",
     "PipelineModel": "smdist_tf.pipeline.model",
     "load_model": "smdist_tf.keras.saving",
+    "use_keras_distribution": "smdist_tf.keras.distribution",
 }
 _SUBMODULES = ("callbacks", "elastic")
 

@@ -4,7 +4,9 @@ Keras gives no public hook for what these do. Each patch changes behaviour only 
 models and optimizers of smdist_tf's (a ``DistributedOptimizer`` or a
 ``DataParallelStrategy``); every other model keeps Keras' own methods. They are
 installed together, once per process, by whatever makes one of ours:
-``DataParallelStrategy()``, ``DistributedOptimizer()`` and ``load_model()``.
+``DataParallelStrategy()``, ``DistributedOptimizer()`` and ``load_model()``. The
+``keras.distribution`` patches change what Keras' own API does, so only the explicit
+``smdist_tf.keras.use_keras_distribution()`` installs them (docs/keras-distribution.md).
 The private names they rely on are listed in smdist_tf/_compat.py and checked by
 tests/test_compat.py.
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from smdist_tf.keras.distribution_activation import patch_distribution_activation
+from smdist_tf.keras.distribution_backend import patch_backend_distribution_lib
 from smdist_tf.keras.loss_scale import patch_check_finite
 from smdist_tf.keras.predict_on_batch import patch_predict_on_batch
 from smdist_tf.keras.uneven_data import patch_training_loops
@@ -62,18 +66,42 @@ PATCHES = (
         patch_optimizer_creation, keras_3_only=True),
 )
 
+KERAS_DISTRIBUTION_PATCHES = (
+    KerasPatch(
+        "keras.src.backend.tensorflow.distribution_lib: initialize, num_processes, process_id, list_devices, "
+        "get_device_count, distribute_tensor, distribute_data_input, _to_backend_mesh, "
+        "_to_backend_layout",
+        "Keras' TensorFlow module is a prototype: keras.distribution.initialize() and get_device_count() fail, "
+        "and a Distribution sees one process (smdist_tf/keras/distribution_backend.py)",
+        patch_backend_distribution_lib, keras_3_only=True),
+    KerasPatch(
+        "keras.src.backend.common.global_state.set_global_attribute (for the distribution)",
+        "the TensorFlow trainer looks only at tf.distribute: a current DataParallel would train each rank alone "
+        "(smdist_tf/keras/distribution_activation.py)",
+        patch_distribution_activation, keras_3_only=True),
+)
+
 _installed: set[str] = set()
 
 
-def install_keras_patches() -> None:
-    """Installs every patch the Keras ``tf.keras`` is needs, once per process (idempotent)."""
+def _install(patches: tuple) -> None:
     keras_2 = uses_tf_keras()
-    for patch in PATCHES:
+    for patch in patches:
         if patch.target not in _installed and not (patch.keras_3_only and keras_2):
             patch.install()
             _installed.add(patch.target)
 
 
+def install_keras_patches() -> None:
+    """Installs every patch the Keras ``tf.keras`` is needs, once per process (idempotent)."""
+    _install(PATCHES)
+
+
+def install_keras_distribution_patches() -> None:
+    """Installs the patches that serve ``keras.distribution`` on TensorFlow, once per process (idempotent)."""
+    _install(KERAS_DISTRIBUTION_PATCHES)
+
+
 def installed_patches() -> list[str]:
     """The targets of the patches installed in this process, in registry order."""
-    return [patch.target for patch in PATCHES if patch.target in _installed]
+    return [patch.target for patch in PATCHES + KERAS_DISTRIBUTION_PATCHES if patch.target in _installed]
