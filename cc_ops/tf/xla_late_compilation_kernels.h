@@ -12,8 +12,7 @@
 
 #include <initializer_list>
 
-#include "absl/types/span.h"
-#include "tensorflow/compiler/tf2xla/xla_op_registry.h"
+#include "tensorflow/compiler/tf2xla/xla_op_registry.h"  // also absl::Span
 
 namespace smdist {
 
