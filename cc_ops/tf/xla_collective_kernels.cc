@@ -21,6 +21,7 @@
 #include "tf_engine_bridge.h"
 #include "xla/hlo/builder/xla_builder.h"
 #include "xla/shape_util.h"
+#include "xla_late_compilation_kernels.h"
 
 namespace smdist {
 namespace {
@@ -312,6 +313,27 @@ REGISTER_XLA_OP(SMDIST_XLA_COLLECTIVE("SmdistBroadcast"), BroadcastLowering);
 REGISTER_XLA_OP(SMDIST_XLA_COLLECTIVE("SmdistAllgather"), AllgatherLowering);
 REGISTER_XLA_OP(SMDIST_XLA_COLLECTIVE("SmdistAlltoall").CompileTimeConstantInput("splits"), AlltoallLowering);
 REGISTER_XLA_OP(SMDIST_XLA_COLLECTIVE("SmdistReducescatter"), ReducescatterLowering);
+
+template <class Lowering>
+tensorflow::OpKernel* MakeLowering(tensorflow::OpKernelConstruction* c) {
+  return new Lowering(c);
+}
+
+// After the registrations above (same file, so they ran first): gives them
+// their XLA_*_JIT kernels even when TensorFlow had set up XLA before this
+// library was loaded (see xla_late_compilation_kernels.h).
+[[maybe_unused]] const bool kCompilationKernelsReady = [] {
+  EnsureCompilationKernels(
+      {
+          {"SmdistAllreduce", &MakeLowering<AllreduceLowering>},
+          {"SmdistBroadcast", &MakeLowering<BroadcastLowering>},
+          {"SmdistAllgather", &MakeLowering<AllgatherLowering>},
+          {"SmdistAlltoall", &MakeLowering<AlltoallLowering>},
+          {"SmdistReducescatter", &MakeLowering<ReducescatterLowering>},
+      },
+      kLoweredDevices);
+  return true;
+}();
 
 }  // namespace
 }  // namespace smdist
