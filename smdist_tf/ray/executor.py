@@ -119,6 +119,7 @@ class RayExecutor:
         self._placement_group = None
         self._executable: tuple[Any, tuple, dict] | None = None
         self._extra_env: dict[str, str] = {}
+        self._lost_actor = False  # an actor died: the next run starts new ones
 
     @staticmethod
     def create_settings(timeout_s: float = 30.0, ssh_identity_file: str | None = None, ssh_str: str | None = None,
@@ -171,13 +172,18 @@ class RayExecutor:
             raise TimeoutError(f"RayExecutor.start: Ray could not reserve {self.num_workers} x {bundle} within "
                                f"{self.settings.placement_group_timeout_s:g} s")
         self._placement_group = group
+        self._start_actors()
+
+    def _start_actors(self) -> None:
+        """One actor per rank in the placement group, ordered node by node, each listening."""
         actor_cls = ray.remote(RankWorker)
         workers = []
         for i in range(self.num_workers):
             index = i // self.num_workers_per_host if self.num_hosts is not None else i
             workers.append(actor_cls.options(
                 num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker, max_concurrency=_ACTOR_THREADS,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement_group,
+                                                                     placement_group_bundle_index=index),
             ).remote(self._token))
         nodes = ray.get([w.describe.remote() for w in workers])
         # Ranks node by node, as mpirun fills hosts in order: local ranks are then contiguous.
@@ -186,6 +192,7 @@ class RayExecutor:
         self._workers = [workers[i] for i in order]
         self._nodes = [nodes[i] for i in order]
         self._addresses = [tuple(a) for a in ray.get([w.listen.remote() for w in self._workers])]
+        self._lost_actor = False
 
     def shutdown(self) -> None:
         """Stops any MPI daemon still running, kills the actors and frees the placement group."""
@@ -287,6 +294,10 @@ class RayExecutor:
         return build_command(job), env
 
     def _run_job(self, payload: bytes) -> list[Any]:
+        if self._lost_actor:
+            for w in self._workers:
+                ray.kill(w)
+            self._start_actors()
         sys_path = [p or os.getcwd() for p in sys.path]
         ray.get([w.prepare.remote({"payload": payload, "env": self._rank_env(r), "sys_path": sys_path})
                  for r, w in enumerate(self._workers)])
@@ -300,10 +311,16 @@ class RayExecutor:
             box: list[Outcome] = []
             thread = threading.Thread(target=lambda: box.append(supervisor.run()), daemon=True)
             thread.start()
-            while thread.is_alive():
-                if self._note_dead_actors(holds, dead, timeout=0.2) and supervisor.proc is not None:
+            try:
+                while thread.is_alive():
+                    self._note_dead_actors(holds, dead, timeout=0.2)
+                    if dead:
+                        _stop_mpirun(supervisor)
+            finally:  # also on Ctrl-C in the driver: no rank outlives the run
+                if thread.is_alive():
                     _stop_mpirun(supervisor)
-            thread.join()
+                thread.join()
+                self._lost_actor = bool(dead)
         outcome = box[0]
         if outcome.exit_code != 0:
             self._note_dead_actors(holds, dead, timeout=_DEATH_REPORT_S)
@@ -323,27 +340,28 @@ class RayExecutor:
             raise RayRunError(f"RayExecutor: rank {missing[0]} sent no result", missing[0], 0)
         return [cloudpickle.loads(reply[1]) for reply in replies]
 
-    def _note_dead_actors(self, holds: list[Any], dead: dict[int, str], timeout: float) -> bool:
-        """Records in ``dead`` the ranks whose actor died (their ``hold`` failed); True if any is new."""
+    def _note_dead_actors(self, holds: list[Any], dead: dict[int, str], timeout: float) -> None:
+        """Records in ``dead`` the ranks whose actor died (their ``hold`` failed)."""
         pending = [h for r, h in enumerate(holds) if r not in dead]
         finished, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout) if pending else ([], [])
-        new = False
         for ref in finished:
             rank = holds.index(ref)
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 dead[rank] = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-                new = True
-        return new
 
-    def _failure(self, outcome: Outcome, replies: list[tuple[str, Any] | None]) -> RayRunError:
+    def _failure(self, outcome: Outcome, replies: list[tuple | None]) -> RayRunError:
         failed = outcome.failed_rank
         if failed is None:
             return RayRunError(f"RayExecutor: the MPI job failed ({outcome.reason or 'mpirun exited non-zero'})",
                                None, outcome.exit_code)
-        host = self._nodes[failed.rank]["hostname"]
         reply = replies[failed.rank]
+        if reply is not None and reply[0] == "error" and reply[2] >= 0 and reply[2] in outcome.exits:
+            # That rank's engine names the rank that failed first: the first to exit was only an echo.
+            failed = outcome.exits[reply[2]]
+            reply = replies[failed.rank]
+        host = self._nodes[failed.rank]["hostname"]
         detail = f":\n{reply[1]}" if reply is not None and reply[0] == "error" else ""
         return RayRunError(f"RayExecutor: {failed.describe(host)}; the other ranks were stopped{detail}",
                            failed.rank, failed.code)

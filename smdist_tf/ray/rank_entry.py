@@ -3,7 +3,8 @@
 The rank connects to its own Ray actor (``SMDIST_RAY_RANKS``: JSON list of [address, port]
 by rank; the actor of rank r runs on the node mpirun put rank r on), takes the call and
 the actor's environment (its GPU, the node's host identity), runs ``fn`` and sends back
-``("ok", cloudpickled result)`` or ``("error", traceback)``. If the actor dies while ``fn``
+``("ok", cloudpickled result)`` or ``("error", traceback, failed peer)``, the failed peer
+being the rank the engine says failed first (-1: none; then this failure is the cause). If the actor dies while ``fn``
 runs, the connection closes and the rank kills itself, so the engine ends the job on every
 rank.
 """
@@ -40,6 +41,15 @@ def _die_with_the_actor(conn, finished: threading.Event) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _failed_peer() -> int:
+    """The rank whose failure the engine reported to this one, or -1 (also when fn never started it)."""
+    runtime = sys.modules.get("smdist_tf._runtime")
+    try:
+        return int(runtime.failed_peer()) if runtime is not None else -1
+    except Exception:  # noqa: BLE001 - an engine that never started knows of no peer
+        return -1
+
+
 def main() -> int:
     rank = _rank()
     address = json.loads(os.environ[RANKS_ENV])[rank]
@@ -63,7 +73,7 @@ def main() -> int:
         reply = ("ok", cloudpickle.dumps(fn(*args, **kwargs)))
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the driver, SystemExit too
-        reply = ("error", traceback.format_exc())
+        reply = ("error", traceback.format_exc(), _failed_peer())
         code = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) and e.code else 1
         if not isinstance(e, SystemExit):
             # smdist_tf's hook shortens a failure that only echoes another rank's and says so to the agent.

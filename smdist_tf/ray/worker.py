@@ -49,7 +49,7 @@ class RankWorker:
         self._listener: Listener | None = None
         self._lock = threading.Lock()
         self._call: dict[str, Any] | None = None  # what the next rank connection gets
-        self._result: tuple[str, Any] | None = None  # ("ok", bytes) or ("error", traceback text)
+        self._result: tuple | None = None  # ("ok", bytes) or ("error", traceback, failed peer): rank_entry.py
         self._daemons: list[subprocess.Popen] = []
         self._released = threading.Event()
 
@@ -85,8 +85,8 @@ class RankWorker:
         """Ends the pending ``hold()``."""
         self._released.set()
 
-    def result(self) -> tuple[str, Any] | None:
-        """What the rank of the last run sent: ``("ok", cloudpickled result)``, ``("error", traceback)``, or None."""
+    def result(self) -> tuple | None:
+        """What the rank of the last run sent (see rank_entry.py), or None."""
         with self._lock:
             return self._result
 
@@ -152,7 +152,7 @@ class RankWorker:
             conn.send(None)
             return
         conn.send(call)
-        reply = conn.recv()  # ("ok", bytes) | ("error", text); EOF if the rank died first
+        reply = conn.recv()  # EOF if the rank died first
         with self._lock:
             if self._call is call:
                 self._result = reply

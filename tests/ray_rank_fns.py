@@ -1,0 +1,95 @@
+"""What the ranks of tests/test_ray.py run (no Ray import: these run in the MPI rank processes)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def topology(scale: float, offset: float = 0.0) -> dict:
+    """The rank's place in the job and an allreduce through the engine."""
+    import tensorflow as tf
+
+    import smdist_tf as sd
+
+    sd.init()
+    total = sd.allreduce(tf.constant([float(sd.rank()) * scale + offset]), op=sd.Sum, name="ray.topology")
+    return {"rank": sd.rank(), "size": sd.size(), "local_rank": sd.local_rank(), "local_size": sd.local_size(),
+            "sum": float(total.numpy()[0]), "pid": os.getpid()}
+
+
+def _engine():
+    """The engine without TensorFlow (the runtime module on NumPy buffers): a rank starts in a second."""
+    from smdist_tf import _runtime as rt
+
+    rt.init()
+    return rt
+
+
+def allreduce_ranks() -> dict:
+    """Sum of the ranks through the engine, with this rank's topology."""
+    import numpy as np
+
+    rt = _engine()
+    out = np.empty(1, np.float64)
+    rt._allreduce_buffer(np.array([float(rt.rank())]), out, "ray.ranks", 1)  # 1: Sum
+    return {"rank": rt.rank(), "size": rt.size(), "local_rank": rt.local_rank(), "sum": float(out[0])}
+
+
+def raise_on_rank_one() -> None:
+    """Rank 1 raises while rank 0 waits in a collective for it."""
+    import numpy as np
+
+    rt = _engine()
+    if rt.rank() == 1:
+        raise ValueError("rank one refuses")
+    rt._allreduce_buffer(np.ones(1), np.empty(1), "ray.waits", 1)
+
+
+def allreduce_until_stopped(marker_dir: str) -> None:
+    """Writes ``started.<rank>`` (holding its pid), then allreduces for up to 60 s."""
+    import numpy as np
+
+    rt = _engine()
+    with open(os.path.join(marker_dir, f"started.{rt.rank()}"), "w") as f:
+        f.write(str(os.getpid()))
+    deadline = time.monotonic() + 60
+    step = 0
+    while time.monotonic() < deadline:
+        rt._allreduce_buffer(np.ones(4), np.empty(4), f"ray.loop.{step}", 1)
+        step += 1
+        time.sleep(0.01)
+
+
+def keras_fit(epochs: int = 2) -> dict:
+    """A small Keras ``fit`` under ``DataParallelStrategy`` on digits; the rank, its topology and the weights."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    import smdist_tf as sd
+
+    strategy = sd.DataParallelStrategy()
+    keras.utils.set_random_seed(1234 + sd.rank())  # the strategy broadcasts rank 0's initial weights
+    digits = load_digits()
+    x, y = (digits.data[:512] / 16.0).astype(np.float32), digits.target[:512].astype(np.int64)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(64, drop_remainder=True)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10)])
+        model.compile(optimizer=keras.optimizers.Adam(3e-3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(data, epochs=epochs, verbose=0, shuffle=False)
+    return {"rank": sd.rank(), "size": sd.size(), "local_rank": sd.local_rank(), "local_size": sd.local_size(),
+            "weights": [np.asarray(w) for w in model.get_weights()]}
+
+
+if __name__ == "__main__":
+    # The same training under smdistrun: ``smdistrun -np 2 python tests/ray_rank_fns.py OUT.npz``.
+    import sys
+
+    import numpy as np
+
+    result = keras_fit()
+    if result["rank"] == 0:
+        np.savez(sys.argv[1], *result["weights"])
