@@ -61,35 +61,11 @@ def allreduce_until_stopped(marker_dir: str) -> None:
         time.sleep(0.01)
 
 
-def keras_fit(epochs: int = 2) -> dict:
-    """A small Keras ``fit`` under ``DataParallelStrategy`` on digits; the rank, its topology and the weights."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-    from sklearn.datasets import load_digits
-
-    import smdist_tf as sd
-
-    strategy = sd.DataParallelStrategy()
-    keras.utils.set_random_seed(1234 + sd.rank())  # the strategy broadcasts rank 0's initial weights
-    digits = load_digits()
-    x, y = (digits.data[:512] / 16.0).astype(np.float32), digits.target[:512].astype(np.int64)
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(64, drop_remainder=True)
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10)])
-        model.compile(optimizer=keras.optimizers.Adam(3e-3),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(data, epochs=epochs, verbose=0, shuffle=False)
-    return {"rank": sd.rank(), "size": sd.size(), "local_rank": sd.local_rank(), "local_size": sd.local_size(),
-            "weights": [np.asarray(w) for w in model.get_weights()]}
-
 
 if __name__ == "__main__":
-    # The same training under smdistrun: ``smdistrun -np 2 python tests/ray_rank_fns.py OUT.npz``.
+    # examples/ray_keras.py's training under smdistrun: ``smdistrun -np 2 python tests/ray_rank_fns.py OUT.npz``.
     import sys
 
-    import numpy as np
+    from examples.ray_keras import train
 
-    result = keras_fit()
-    if result["rank"] == 0:
-        np.savez(sys.argv[1], *result["weights"])
+    train(save_weights=sys.argv[1])

@@ -17,6 +17,7 @@ import secrets
 import signal
 import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,7 @@ class RayExecutor:
         self._executable: tuple[Any, tuple, dict] | None = None
         self._extra_env: dict[str, str] = {}
         self._lost_actor = False  # an actor died: the next run starts new ones
+        self._started_at = 0.0
 
     @staticmethod
     def create_settings(timeout_s: float = 30.0, ssh_identity_file: str | None = None, ssh_str: str | None = None,
@@ -157,6 +159,7 @@ class RayExecutor:
         """
         if self._workers:
             raise RuntimeError("RayExecutor.start: already started")
+        self._started_at = time.time()
         if executable_cls is not None:
             self._executable = (executable_cls, tuple(executable_args or ()), dict(executable_kwargs or {}))
         self._extra_env = {str(k): str(v) for k, v in (extra_env_vars or {}).items()}
@@ -184,7 +187,7 @@ class RayExecutor:
                 num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker, max_concurrency=_ACTOR_THREADS,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement_group,
                                                                      placement_group_bundle_index=index),
-            ).remote(self._token))
+            ).remote(self._token, self._started_at))
         nodes = ray.get([w.describe.remote() for w in workers])
         # Ranks node by node, as mpirun fills hosts in order: local ranks are then contiguous.
         order = sorted(range(len(workers)), key=lambda i: (nodes[i]["node_id"] != nodes[0]["node_id"],
@@ -324,6 +327,8 @@ class RayExecutor:
         outcome = box[0]
         if outcome.exit_code != 0:
             self._note_dead_actors(holds, dead, timeout=_DEATH_REPORT_S)
+            # A daemon that died could not delete its ranks' shared-memory files.
+            ray.get([w.stop_daemons.remote() for r, w in enumerate(self._workers) if r not in dead])
         for r, w in enumerate(self._workers):
             if r not in dead:
                 w.release.remote()

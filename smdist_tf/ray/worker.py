@@ -27,6 +27,7 @@ import threading
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
+from smdist_tf.ray.shm_sweep import sweep_segments
 from smdist_tf.run.rank_agent import parent_death_signal
 
 # How often a daemon's handler checks whether the daemon or the agent's connection ended.
@@ -44,8 +45,9 @@ def node_address() -> str:
 class RankWorker:
     """One rank's Ray actor (see the module docstring). Made a Ray actor by the executor."""
 
-    def __init__(self, token: str):
+    def __init__(self, token: str, started_at: float):
         self._token = token.encode()
+        self._started_at = started_at  # the executor's start: its jobs' files are no older
         self._listener: Listener | None = None
         self._lock = threading.Lock()
         self._call: dict[str, Any] | None = None  # what the next rank connection gets
@@ -90,13 +92,14 @@ class RankWorker:
         with self._lock:
             return self._result
 
-    def stop_daemons(self) -> int:
-        """Kills the MPI daemons this actor still runs (their ranks with them); returns how many there were."""
+    def stop_daemons(self) -> list[str]:
+        """Kills the MPI daemons this actor still runs (their ranks with them), then removes the
+        shared-memory files that the executor's dead jobs left on this node; returns their paths."""
         with self._lock:
             daemons, self._daemons = self._daemons, []
         for daemon in daemons:
             _stop(daemon)
-        return len(daemons)
+        return sweep_segments(self._started_at)
 
     # ------------------------------------------------------------------ the socket
 
