@@ -37,7 +37,7 @@ from smdist_tf.run.hosts import Host
 from smdist_tf.run.mpi_command import MpiJob, build_command, detect_flavour, find_mpirun
 from smdist_tf.run.rank_agent import TOKEN_ENV as AGENT_TOKEN_ENV
 from smdist_tf.run.session_dir import BASE_VARIABLE, private_session_base
-from smdist_tf.run.supervisor import Outcome, Supervisor
+from smdist_tf.run.supervisor import STOP_GRACE_S, Outcome, Supervisor
 
 _HERE = Path(__file__).resolve().parent
 _RANK_AGENT = str(_HERE.parent / "run" / "rank_agent.py")
@@ -322,16 +322,20 @@ class RayExecutor:
             finally:  # also on Ctrl-C in the driver: no rank outlives the run
                 if thread.is_alive():
                     _stop_mpirun(supervisor)
-                thread.join()
+                thread.join(STOP_GRACE_S)
+                if thread.is_alive():  # mpirun did not stop: kill its whole process group
+                    _stop_mpirun(supervisor, signal.SIGKILL)
+                    thread.join()
                 self._lost_actor = bool(dead)
+                for r, w in enumerate(self._workers):
+                    if r not in dead:
+                        w.release.remote()
         outcome = box[0]
         if outcome.exit_code != 0:
             self._note_dead_actors(holds, dead, timeout=_DEATH_REPORT_S)
+            self._lost_actor = bool(dead)
             # A daemon that died could not delete its ranks' shared-memory files.
             ray.get([w.stop_daemons.remote() for r, w in enumerate(self._workers) if r not in dead])
-        for r, w in enumerate(self._workers):
-            if r not in dead:
-                w.release.remote()
         if dead:
             rank = min(dead)
             node = self._nodes[rank]
@@ -372,11 +376,15 @@ class RayExecutor:
                            failed.rank, failed.code)
 
 
-def _stop_mpirun(supervisor: Supervisor) -> None:
-    """SIGTERM to mpirun, which stops the daemons and ranks; the Supervisor then ends."""
+def _stop_mpirun(supervisor: Supervisor, signum: int = signal.SIGTERM) -> None:
+    """SIGTERM to mpirun, which stops the daemons and ranks; SIGKILL to its process group as a last resort."""
     proc = supervisor.proc
-    if proc is not None and proc.poll() is None:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        if signum == signal.SIGKILL:
+            os.killpg(proc.pid, signum)  # the Supervisor starts mpirun in a session of its own
+        else:
+            proc.send_signal(signum)
+    except ProcessLookupError:
+        pass
