@@ -36,6 +36,18 @@ def allreduce_ranks() -> dict:
     return {"rank": rt.rank(), "size": rt.size(), "local_rank": rt.local_rank(), "sum": float(out[0])}
 
 
+def topology_and_sum() -> dict:
+    """This rank's full topology, host identity and a sum over the ranks through the engine."""
+    import numpy as np
+
+    rt = _engine()
+    out = np.empty(1, np.float64)
+    rt._allreduce_buffer(np.array([float(rt.rank() + 1)]), out, "ray.topology", 1)  # 1: Sum
+    return {"rank": rt.rank(), "size": rt.size(), "local_rank": rt.local_rank(), "local_size": rt.local_size(),
+            "cross_rank": rt.cross_rank(), "cross_size": rt.cross_size(), "sum": float(out[0]),
+            "host": os.environ.get("SMDIST_HOSTNAME"), "daemon_parent": os.getppid()}
+
+
 def raise_on_rank_one() -> None:
     """Rank 1 raises while rank 0 waits in a collective for it."""
     import numpy as np

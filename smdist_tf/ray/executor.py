@@ -189,9 +189,9 @@ class RayExecutor:
                                                                      placement_group_bundle_index=index),
             ).remote(self._token, self._started_at))
         nodes = ray.get([w.describe.remote() for w in workers])
-        # Ranks node by node, as mpirun fills hosts in order: local ranks are then contiguous.
-        order = sorted(range(len(workers)), key=lambda i: (nodes[i]["node_id"] != nodes[0]["node_id"],
-                                                           nodes[i]["node_id"], i))
+        # Ranks machine by machine, as mpirun fills hosts in order: local ranks are then contiguous.
+        order = sorted(range(len(workers)), key=lambda i: (nodes[i]["hostname"] != nodes[0]["hostname"],
+                                                           nodes[i]["hostname"], i))
         self._workers = [workers[i] for i in order]
         self._nodes = [nodes[i] for i in order]
         self._addresses = [tuple(a) for a in ray.get([w.listen.remote() for w in self._workers])]
@@ -255,19 +255,16 @@ class RayExecutor:
         env = dict(self._extra_env)
         if node["cuda_visible_devices"] is not None:
             env["CUDA_VISIBLE_DEVICES"] = node["cuda_visible_devices"]
-        hostnames = {n["node_id"]: n["hostname"] for n in self._nodes}
-        if len(set(hostnames.values())) < len(hostnames) and "SMDIST_HOSTNAME" not in env:
-            # Ray nodes sharing a host name (several on one machine): the engine groups ranks
-            # by host name, and must group them by node, as mpirun does.
-            env["SMDIST_HOSTNAME"] = f"{node['hostname']}.{node['node_id'][:12]}"
         return env
 
     def _mpi_job(self, mpirun: str, agent_token: str) -> tuple[list[str], dict[str, str]]:
-        node_ids = list(dict.fromkeys(n["node_id"] for n in self._nodes))
-        slots = Counter(n["node_id"] for n in self._nodes)
-        hosts = [Host(f"{_NODE_PREFIX}{i}", slots[node]) for i, node in enumerate(node_ids)]
-        first_rank = {node: next(r for r, n in enumerate(self._nodes) if n["node_id"] == node) for node in node_ids}
-        daemons = {f"{_NODE_PREFIX}{i}": self._addresses[first_rank[node]] for i, node in enumerate(node_ids)}
+        # One MPI host per machine, even where several Ray nodes share one (ray.cluster_utils.Cluster): ranks
+        # under two daemons of one machine would not get Open MPI's shared-memory windows (MPI_ERR_RMA_SHARED).
+        machines = list(dict.fromkeys(n["hostname"] for n in self._nodes))
+        slots = Counter(n["hostname"] for n in self._nodes)
+        hosts = [Host(f"{_NODE_PREFIX}{i}", slots[m]) for i, m in enumerate(machines)]
+        first_rank = {m: next(r for r, n in enumerate(self._nodes) if n["hostname"] == m) for m in machines}
+        daemons = {f"{_NODE_PREFIX}{i}": self._addresses[first_rank[m]] for i, m in enumerate(machines)}
         flavour = detect_flavour(mpirun)
         if flavour.name != "openmpi" or flavour.major < 5:
             raise RuntimeError(f"RayExecutor needs Open MPI 5 (PRRTE) for its daemon agent; {mpirun} is "
