@@ -70,7 +70,7 @@ def main() -> None:
 
     from smdist_tf.ray import RayExecutor
 
-    ray.init(num_cpus=args.np, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=args.np, include_dashboard=False, log_to_driver=False)
     executor = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_workers=args.np)
     started = time.time()
     executor.start()

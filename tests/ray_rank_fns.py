@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 
@@ -45,7 +46,7 @@ def topology_and_sum() -> dict:
     rt._allreduce_buffer(np.array([float(rt.rank() + 1)]), out, "ray.topology", 1)  # 1: Sum
     return {"rank": rt.rank(), "size": rt.size(), "local_rank": rt.local_rank(), "local_size": rt.local_size(),
             "cross_rank": rt.cross_rank(), "cross_size": rt.cross_size(), "sum": float(out[0]),
-            "host": os.environ.get("SMDIST_HOSTNAME"), "daemon_parent": os.getppid()}
+            "hostname": socket.gethostname()}
 
 
 def raise_on_rank_one() -> None:

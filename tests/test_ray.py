@@ -43,7 +43,8 @@ def executor():
     """One Ray cluster and one 2-rank executor for the whole module."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # 4 logical CPUs: the module's executor holds 2, the example's driver reserves 2 more.
-    context = ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    # address="local": a cluster of its own, never one that `ray start` left on this machine.
+    context = ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     shm_before = _shm_files()
     ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=2, cpus_per_worker=1)
     ex.start()
