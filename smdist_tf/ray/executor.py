@@ -1,9 +1,9 @@
 """``RayExecutor``: a smdist_tf MPI job on Ray actors, spelled as ``horovod.ray.RayExecutor``.
 
 ``start()`` reserves one actor per rank in a placement group (``worker.RankWorker``). Each
-``run()`` starts ``mpirun`` on the driver with every Ray node as a host of its own
-(``smdist-ray-<i>``, its actors' count as slots) and ``rsh_agent.py`` as the remote agent:
-each node's MPI daemon runs inside that node's first actor, the ranks are that daemon's
+``run()`` starts ``mpirun`` on the driver with every machine (host name) holding actors as
+a host (``smdist-ray-<i>``, its actors' count as slots) and ``rsh_agent.py`` as the remote
+agent: each machine's MPI daemon runs inside its first actor, the ranks are that daemon's
 children, and rank r talks to the actor of rank r (``rank_entry.py``). The ranks are plain
 MPI processes of our engine: no Gloo. mpirun is supervised by the launcher's
 ``Supervisor``, as under ``smdistrun``; docs/architecture.md says why this design.
@@ -48,6 +48,8 @@ _ACTOR_THREADS = 4
 _NODE_PREFIX = "smdist-ray-"
 # After mpirun ended, how long Ray gets to report an actor death that ended the run.
 _DEATH_REPORT_S = 2.0
+# After a failed run, how long the ranks get to exit (a rank agent whose daemon died stops its rank in ~0.5 s).
+_RANK_EXIT_S = 5.0
 
 
 class RayRunError(RuntimeError):
@@ -84,7 +86,7 @@ class RayExecutor:
 
     Give either ``num_workers`` (ranks packed onto as few nodes as Ray finds room on) or
     ``num_hosts`` and ``num_workers_per_host`` (that many ranks on each of that many
-    distinct nodes). Ranks are numbered node by node, so ``local_rank()``/``local_size()``
+    distinct nodes). Ranks are numbered machine by machine, so ``local_rank()``/``local_size()``
     and the intra-host transports work as under ``smdistrun``.
 
     Args:
@@ -331,8 +333,11 @@ class RayExecutor:
         if outcome.exit_code != 0:
             self._note_dead_actors(holds, dead, timeout=_DEATH_REPORT_S)
             self._lost_actor = bool(dead)
+            alive = [w for r, w in enumerate(self._workers) if r not in dead]
+            # Ranks whose daemon died end through their rank agents (parent gone): run() returns once they have.
+            ray.get([w.wait_for_rank_exit.remote(_RANK_EXIT_S) for w in alive])
             # A daemon that died could not delete its ranks' shared-memory files.
-            ray.get([w.stop_daemons.remote() for r, w in enumerate(self._workers) if r not in dead])
+            ray.get([w.stop_daemons.remote() for w in alive])
         if dead:
             rank = min(dead)
             node = self._nodes[rank]

@@ -1,12 +1,12 @@
 """One rank of a ``RayExecutor`` run (started by path under mpirun; standard library and cloudpickle).
 
 The rank connects to its own Ray actor (``SMDIST_RAY_RANKS``: JSON list of [address, port]
-by rank; the actor of rank r runs on the node mpirun put rank r on), takes the call and
-the actor's environment (its GPU, the node's host identity), runs ``fn`` and sends back
-``("ok", cloudpickled result)`` or ``("error", traceback, failed peer)``, the failed peer
-being the rank the engine says failed first (-1: none; then this failure is the cause). If the actor dies while ``fn``
-runs, the connection closes and the rank kills itself, so the engine ends the job on every
-rank.
+by rank; the actor of rank r runs on the machine mpirun put rank r on), takes the call and
+the variables that are this rank's (its actor's GPUs, ``start``'s ``extra_env_vars``), runs
+``fn`` and sends back ``("ok", cloudpickled result)`` or ``("error", traceback, failed peer)``,
+the failed peer being the rank the engine says failed first (-1: none; then this failure is
+the cause). If the actor dies while ``fn`` runs, the connection closes and the rank kills
+itself, so the engine ends the job on every rank.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """mpirun's remote agent for a ``RayExecutor`` job, in place of ssh (started by path, standard library only).
 
 Open MPI calls it as ``rsh_agent.py HOST COMMAND...`` to start its daemon on HOST. HOST is
-one of the names the executor gave mpirun (``smdist-ray-<node index>``); the agent finds
-that node's first actor in ``SMDIST_RAY_DAEMONS`` (JSON: name -> [address, port]) and asks
+one of the names the executor gave mpirun (``smdist-ray-<machine index>``); the agent finds
+that machine's first actor in ``SMDIST_RAY_DAEMONS`` (JSON: name -> [address, port]) and asks
 it to run COMMAND (``worker.RankWorker``), then waits, as ssh would, and exits with the
 daemon's exit code. When mpirun stops the agent, the actor stops the daemon.
 """

@@ -3,7 +3,7 @@
 An actor holds its rank's resources (CPUs, a GPU) on its Ray node and serves, on one
 authenticated socket (``multiprocessing.connection``, HMAC with the executor's token):
 
-* ``("daemon", command)`` from ``rsh_agent.py``: runs the node's MPI daemon (``prted``),
+* ``("daemon", command)`` from ``rsh_agent.py``: runs its machine's MPI daemon (``prted``),
   the command mpirun would have run over ssh, as a child of this actor, and answers its
   exit code. The daemon dies with the actor (parent-death signal) and with the agent's
   connection (as an ssh session's command dies with the session).
@@ -54,6 +54,8 @@ class RankWorker:
         self._result: tuple | None = None  # ("ok", bytes) or ("error", traceback, failed peer): rank_entry.py
         self._daemons: list[subprocess.Popen] = []
         self._released = threading.Event()
+        self._rank_connections = 0  # open connections of rank processes: each closes when its rank exits
+        self._ranks_changed = threading.Condition(self._lock)
 
     def describe(self) -> dict[str, Any]:
         """Where this actor runs: node id, host name, address, pid, and its GPU devices."""
@@ -91,6 +93,11 @@ class RankWorker:
         """What the rank of the last run sent (see rank_entry.py), or None."""
         with self._lock:
             return self._result
+
+    def wait_for_rank_exit(self, timeout: float) -> bool:
+        """Waits until no rank process is connected (each closes its connection as it exits); False on timeout."""
+        with self._ranks_changed:
+            return self._ranks_changed.wait_for(lambda: self._rank_connections == 0, timeout)
 
     def stop_daemons(self) -> list[str]:
         """Kills the MPI daemons this actor still runs (their ranks with them), then removes the
@@ -151,18 +158,24 @@ class RankWorker:
     def _serve_rank(self, conn: Connection) -> None:
         with self._lock:
             call = self._call
-        if call is None:
-            conn.send(None)
-            return
-        conn.send(call)
-        reply = conn.recv()  # EOF if the rank died first
-        with self._lock:
-            if self._call is call:
-                self._result = reply
+            self._rank_connections += 1
         try:
-            conn.recv()  # the rank closes its end when it exits
-        except (EOFError, OSError):
-            pass
+            if call is None:
+                conn.send(None)
+                return
+            conn.send(call)
+            reply = conn.recv()  # EOF if the rank died first
+            with self._lock:
+                if self._call is call:
+                    self._result = reply
+            try:
+                conn.recv()  # the rank closes its end when it exits
+            except (EOFError, OSError):
+                pass
+        finally:
+            with self._ranks_changed:
+                self._rank_connections -= 1
+                self._ranks_changed.notify_all()
 
 
 def _stop(process: subprocess.Popen) -> None:
