@@ -49,6 +49,9 @@ def main(session_file: str) -> int:
         import smdist_tf as sd  # the blocks have imported it; a file that did not start the engine leaves it down
 
         if sd.is_initialized():
+            # A rank may still be running the file's last collectives on a process set that leaves
+            # this one out; shutdown() stops the engine on every rank, so wait for all of them first.
+            sd.barrier()
             sd.shutdown()
     return 0
 
