@@ -35,21 +35,6 @@ RANKS = str(ROOT / "tests" / "mp" / "launcher_ranks.py")
 VENV_BIN = Path(sys.executable).parent
 
 
-@pytest.fixture
-def deadline():
-    """Interrupts the job in this process (SIGINT: the launcher stops every rank) after `seconds`."""
-    timers = []
-
-    def arm(seconds: float) -> None:
-        timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
-        timer.daemon = True
-        timer.start()
-        timers.append(timer)
-
-    yield arm
-    for timer in timers:
-        timer.cancel()
-
 
 @pytest.fixture(autouse=True)
 def quiet_tf(monkeypatch):

@@ -57,21 +57,6 @@ def executor():
         ray.shutdown()
 
 
-@pytest.fixture
-def deadline():
-    """Interrupts a run that takes longer than `seconds` (SIGINT: the executor stops its MPI job)."""
-    timers = []
-
-    def arm(seconds: float) -> None:
-        timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
-        timer.daemon = True
-        timer.start()
-        timers.append(timer)
-
-    yield arm
-    for timer in timers:
-        timer.cancel()
-
 
 def test_the_keras_example_gives_the_weights_of_the_same_training_under_smdistrun(executor, tmp_path):
     """examples/ray_keras.py (a fit under DataParallelStrategy in executor.run) joins the test's cluster."""

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,21 +43,6 @@ def cluster():
         ray.shutdown()
         made.shutdown()
 
-
-@pytest.fixture
-def deadline():
-    """Interrupts a run that takes longer than `seconds` (SIGINT: the executor stops its MPI job)."""
-    timers = []
-
-    def arm(seconds: float) -> None:
-        timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
-        timer.daemon = True
-        timer.start()
-        timers.append(timer)
-
-    yield arm
-    for timer in timers:
-        timer.cancel()
 
 
 def test_two_ranks_on_each_of_two_nodes_form_one_job(cluster, deadline):
