@@ -17,11 +17,13 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 
 # Reinstall pinned packages only when a requirements file changed.
 stamp=.venv/.smdist_requirements
-want="$(cat requirements.txt requirements-tf-keras.txt | sha256sum | cut -d' ' -f1)"
+want="$(cat requirements.txt requirements-tf-keras.txt requirements-optional.txt | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[bootstrap] installing pinned requirements"
   "${pip[@]}" install -r requirements.txt
   "${pip[@]}" install --no-deps -r requirements-tf-keras.txt  # see the file: keeps tensorflow-cpu
+  rm -rf .venv/optional
+  "${pip[@]}" install --no-deps --target .venv/optional -r requirements-optional.txt  # see the file
   echo "$want" > "$stamp"
 fi
 

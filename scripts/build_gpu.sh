@@ -12,8 +12,8 @@
 #    reused as it is. $SMDIST_BASE_PYTHON, when set, stands for .venv's Python
 #    (the CI lane passes the suite's own, and its venv as $SMDIST_GPU_VENV).
 # 3. Builds into $SMDIST_GPU_OUT (default build/gpu/smdist_tf) with CMake,
-#    -DSMDIST_GPU_KERNELS=ON, in the build tree build/gpu/cmake (the CPU build
-#    in smdist_tf/ and build/cmake is left alone).
+#    -DSMDIST_GPU_KERNELS=ON, in the build tree $SMDIST_GPU_BUILD_DIR (default
+#    build/gpu/cmake: the CPU build in smdist_tf/ and build/cmake is left alone).
 # 4. Prints the registered kernels of our collective ops
 #    (scripts/gpu_kernel_listing.py); exits nonzero if one lacks a GPU kernel.
 #
@@ -51,7 +51,10 @@ if ! "$gpu_python" -c "import importlib.metadata as m, sys; sys.exit(m.version('
   "$gpu_python" -m pip install --no-deps -q "tensorflow==$tf_version"
 fi
 
-cmake -S . -B build/gpu/cmake -G Ninja -DPython_EXECUTABLE="$gpu_python" -DSMDIST_GPU_KERNELS=ON \
+# A tree of its own by default. $SMDIST_GPU_BUILD_DIR may name the CPU build's tree instead (the CI lane,
+# whose copy is thrown away): only the op kernels recompile, and that tree stays configured for the GPU variant.
+build_dir="${SMDIST_GPU_BUILD_DIR:-build/gpu/cmake}"
+cmake -S . -B "$build_dir" -G Ninja -DPython_EXECUTABLE="$gpu_python" -DSMDIST_GPU_KERNELS=ON \
   -DSMDIST_OUTPUT_DIR="$out"
-cmake --build build/gpu/cmake
+cmake --build "$build_dir"
 "$gpu_python" scripts/gpu_kernel_listing.py "$out"

@@ -3,6 +3,11 @@
 ``deadline``: a test that runs a job in its own process (the launcher's ``main``, the Ray executor)
 interrupts it after a time limit. SIGINT is what a user's Ctrl-C sends: the job's MPI processes are
 stopped on it, so a hung job ends the test instead of hanging it.
+
+``@pytest.mark.optional_packages``: only the processes a test marked so starts see .venv/optional
+(scikit-learn and JAX, requirements-optional.txt) on ``PYTHONPATH``. Keras and TensorFlow import both
+whenever they can, 2-3 s of CPU per process, and the library needs neither: the other tests' ranks
+start without them, as in a user's environment with TensorFlow and smdist_tf alone.
 """
 
 from __future__ import annotations
@@ -10,8 +15,26 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 
 import pytest
+
+OPTIONAL_PACKAGES = str(Path(__file__).resolve().parents[1] / ".venv" / "optional")
+_INHERITED_PATH = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                   if entry and entry != OPTIONAL_PACKAGES]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "optional_packages: the processes this test starts may import "
+                                       "scikit-learn and JAX (.venv/optional): it runs examples, docs or JAX")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # Before the test's fixtures start anything (a module's Ray cluster is started by its first test).
+    with_optional = item.get_closest_marker("optional_packages") is not None
+    path = ([OPTIONAL_PACKAGES] if with_optional else []) + _INHERITED_PATH
+    os.environ["PYTHONPATH"] = os.pathsep.join(path)
 
 
 @pytest.fixture

@@ -22,6 +22,8 @@ import pytest
 from tests.doc_blocks import ROOT, documentation_files, read_blocks
 from tests.mpi_harness import mpi_env, run_process_group
 
+pytestmark = pytest.mark.optional_packages  # the docs' code loads scikit-learn's digits
+
 NP = 2
 SESSION_TIMEOUT_S = 900  # every file's blocks, one after another
 BLOCK_TIMEOUT_S = 300

@@ -60,6 +60,7 @@ def leftovers(tag: str) -> list[str]:
 
 # ---------------------------------------------------------------- training survives a killed rank
 
+@pytest.mark.optional_packages  # the example loads scikit-learn's digits
 @pytest.mark.parametrize("loop", ["fit", "tape"])
 def test_killed_rank_restarts_and_training_ends_bit_identical(loop, tmp_path):
     common = [EXAMPLE, "--loop", loop, "--epochs", "2", "--batches-per-commit", "2"]

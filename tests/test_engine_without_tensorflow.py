@@ -18,6 +18,8 @@ import pytest
 from tests.gpu.test_xla_collectives import HAS_JAX, run_ranks
 from tests.mpi_harness import ROOT, mpi_env, run_under_mpi
 
+pytestmark = pytest.mark.optional_packages  # jaxlib's FFI headers build the handlers, JAX runs them
+
 SCRIPT = "tests/mp/engine_buffers.py"
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from tests.mpi_harness import ROOT, mpi_env, run_process_group
 
+pytestmark = pytest.mark.optional_packages  # the examples load scikit-learn's digits
+
 SMDISTRUN = str(Path(sys.executable).parent / "smdistrun")
 EXAMPLES = ROOT / "examples" / "horovod_compat"
 

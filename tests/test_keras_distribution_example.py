@@ -10,7 +10,11 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from tests.mpi_harness import ROOT
+
+pytestmark = pytest.mark.optional_packages  # the example loads scikit-learn's digits and runs on JAX
 
 
 def test_the_same_example_runs_on_jax():

@@ -167,6 +167,7 @@ def test_tensorflow_start_up_lines_come_from_rank_zero_unless_verbose(monkeypatc
     assert verbose[0] == verbose[1] == quiet[0], verbose
 
 
+@pytest.mark.optional_packages  # the example loads scikit-learn's digits
 def test_an_example_prints_no_tensorflow_log_lines_by_default(monkeypatch, capfd, deadline):
     deadline(300)
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)

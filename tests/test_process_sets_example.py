@@ -6,6 +6,8 @@ import pytest
 
 from tests.mpi_harness import run_under_mpi
 
+pytestmark = pytest.mark.optional_packages  # the example loads scikit-learn's digits
+
 
 @pytest.mark.parametrize("np,reduce", [(2, "tape"), (4, "tape"), (4, "grouped_allreduce")])
 def test_process_sets_example(np, reduce):

@@ -4,6 +4,8 @@ import pytest
 
 from tests.mpi_harness import run_suite
 
+pytestmark = pytest.mark.optional_packages  # a suite imports the example, which loads scikit-learn's digits
+
 # One job per rank count: the suites share the static sets tests/mp/process_set_setup.py registers.
 SUITES = ["suite_process_sets.py", "suite_process_sets_gradients.py", "suite_process_sets_concurrency.py",
           "suite_process_sets_registration.py"]

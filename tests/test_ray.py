@@ -22,6 +22,8 @@ from smdist_tf.ray import RayExecutor, RayRunError
 from smdist_tf.ray.shm_sweep import SHM_DIR, paths_in_use
 from tests import ray_rank_fns as fns
 
+pytestmark = pytest.mark.optional_packages  # the example loads scikit-learn's digits
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

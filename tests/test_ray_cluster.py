@@ -27,6 +27,8 @@ from benchmarks.netns_hosts import Unavailable, two_namespace_hosts
 from smdist_tf.ray import RayExecutor, RayRunError
 from tests import ray_rank_fns as fns
 
+pytestmark = pytest.mark.optional_packages  # the example loads scikit-learn's digits
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -16,6 +16,8 @@ import pytest
 from tests.mpi_harness import ROOT
 from tests.slurm_cluster import Unavailable, one_node_slurm, run_batch
 
+pytestmark = pytest.mark.optional_packages  # the example loads scikit-learn's digits
+
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):

@@ -7,12 +7,13 @@ through a ``.pth`` line, which Python appends after the new environment's own
 packages, so ``import tensorflow`` finds the ``tensorflow`` distribution. A copy of
 the source tree is built against it by ``pip wheel`` (whose wheel must pin
 ``tensorflow``), and a smoke subset of the suite runs in that copy: the
-single-process tests and every collective at 2 ranks.
+single-process tests and the collectives' suite at 2 ranks.
 
 The same copy then builds the GPU variant (``scripts/build_gpu.sh``, reusing this
 environment as its side venv): compiled only, since there is no GPU here, and
 checked through TensorFlow's kernel registry, which must list a ``GPU`` kernel for
-every op in cc_ops/tf/collective_ops.cc. That adds about 40 s on 2 cores.
+every op in cc_ops/tf/collective_ops.cc. It builds in the wheel's build tree, so only the
+op kernels compile again.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ import tensorflow as tf
 from tests.mpi_harness import ROOT, mpi_env, run_process_group
 
 # The op library is what differs between the two packages' builds; Keras and the error paths are the same Python
-# code on both, and run in the main suite.
-SMOKE = ["tests/test_single_process.py", "tests/test_collectives_multiprocess.py::test_collectives_suite[2]"]
+# code on both, and run in the main suite. Every op in one process, then every collective at 2 ranks (the suite
+# alone, without the other suites of its shared job).
+SMOKE = ["tests/test_single_process.py"]
+SMOKE_AT_TWO_RANKS = "from tests.mpi_harness import run_suite; run_suite('suite_collectives.py', 2, timeout=600)"
 
 
 def run(argv: list[str], cwd: Path, timeout: float, env: dict) -> str:
@@ -80,9 +83,11 @@ class TensorflowPackageTest(tf.test.TestCase):
         # The GPU variant, into a folder of its own: the CPU build in the copy stays as it is.
         cpu_ops_mtime = (tree / "smdist_tf" / "smdist_tf_ops.so").stat().st_mtime_ns
         gpu_out = tmp / "gpu" / "smdist_tf"
+        # In the wheel's build tree (build/cmake), so the engine and bindings are not compiled again.
         listing = run(["bash", "scripts/build_gpu.sh"], tree, 900,
                       {**env, "SMDIST_BASE_PYTHON": sys.executable, "SMDIST_GPU_VENV": str(venv),
-                       "SMDIST_GPU_OUT": str(gpu_out)})
+                       "SMDIST_GPU_OUT": str(gpu_out), "SMDIST_GPU_BUILD_DIR": str(tree / "build" / "cmake")})
+        self.assertNotRegex(listing, r"Building CXX object \S*smdist_core\.dir")  # only what the variant changes
         self.assertNotIn("installing tensorflow", listing)  # the lane's environment was reused
         self.assertTrue(json.loads((gpu_out / "build_info.json").read_text())["gpu_kernels"])
         ops = re.findall(r'REGISTER_OP\("(\w+)"\)', (tree / "cc_ops" / "tf" / "collective_ops.cc").read_text())
@@ -98,3 +103,4 @@ class TensorflowPackageTest(tf.test.TestCase):
         out = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SMOKE], tree, 1200, env)
         self.assertRegex(out, r"\d+ passed")
         self.assertNotRegex(out, r"\d+ (failed|error)")
+        run([python, "-c", SMOKE_AT_TWO_RANKS], tree, 700, env)  # raises with the ranks' output unless all passed

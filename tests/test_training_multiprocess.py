@@ -6,6 +6,8 @@ import pytest
 
 from tests.mpi_harness import PLAIN_JOB, run_under_mpi
 
+pytestmark = pytest.mark.optional_packages  # the plain job's suites and the example load scikit-learn's digits
+
 TRAINING = PLAIN_JOB.add("suite_training.py", timeout=600)  # one job with the other plain suites
 
 

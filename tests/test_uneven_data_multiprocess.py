@@ -8,6 +8,8 @@ import pytest
 
 from tests.mpi_harness import run_suite
 
+pytestmark = pytest.mark.optional_packages  # the suite loads scikit-learn's digits
+
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_uneven_data_suite(np):

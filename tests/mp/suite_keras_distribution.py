@@ -20,6 +20,7 @@ import tensorflow as tf
 import smdist_tf as sd
 import smdist_tf.keras as sk
 from smdist_tf import _compat
+from tests.mp.rank_counts import at_two_ranks_only
 from tests.mp.sync_assertions import SyncAssertions
 from tests.mpi_harness import ROOT
 
@@ -113,6 +114,7 @@ class DataParallelTrainingTest(SyncAssertions):
         self.assertAllClose(history.history["loss"], REFERENCE_LOSSES, atol=1e-5, rtol=1e-5)
         self.assertAllClose(weights, REFERENCE_WEIGHTS, atol=1e-5, rtol=1e-5)
 
+    @at_two_ranks_only("the scope's routing of fit, evaluate, predict and checkpoints is the same at any rank count")
     def test_a_scope_serves_fit_evaluate_predict_and_checkpoints(self):
         path = os.path.join(sd.broadcast_object(tempfile.mkdtemp() if RANK == 0 else None), "last.weights.h5")
         with keras.distribution.DataParallel().scope():
@@ -157,6 +159,7 @@ class DataParallelTrainingTest(SyncAssertions):
             keras.distribution.set_distribution(None)
         self.assertFalse(tf.distribute.has_strategy())
 
+    @at_two_ranks_only("how NumPy input is split is the same rule at any rank count")
     def test_numpy_input_needs_auto_shard_off_as_on_jax(self):
         with keras.distribution.DataParallel().scope():
             model = compiled_model()

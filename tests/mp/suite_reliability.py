@@ -22,6 +22,7 @@ import smdist_tf as sd
 from smdist_tf._native import runtime as _rt
 from tests.mp.captured_stderr import CapturedStderr
 from tests.mp.engine_restart import restart_engine
+from tests.mp.rank_counts import at_two_ranks_only
 
 RANK, SIZE = sd.rank(), sd.size()
 LAST = SIZE - 1
@@ -107,6 +108,7 @@ class TimelineFileTest(tf.test.TestCase):
 class NameMemoryTest(tf.test.TestCase):
     """Ever new collective names cost no memory per name: the process stays flat."""
 
+    @at_two_ranks_only("a rank's memory per name does not depend on the other ranks")
     def test_two_thousand_distinct_names_stay_bounded(self):
         x = tf.ones([16])
         for i in range(100):  # warm-up: kernels, the cache's first entries
