@@ -72,8 +72,10 @@ class OffloadActivationsTest(tf.test.TestCase):
         x, dy = data()
         plain, _, _ = traced_step(model(False), x, dy)
         offloaded, _, _ = traced_step(model(True), x, dy)
+        # The same ops on the same values: equal up to the last bits TensorFlow's CPU kernels may
+        # vary in from one build of a model to the next (bit for bit in every run seen).
         for a, b in zip(plain, offloaded):
-            self.assertAllEqual(a, b)
+            self.assertAllClose(a, b, rtol=0, atol=1e-7)
         eager = []
         for offload in (False, True):
             m = model(offload)
@@ -81,7 +83,7 @@ class OffloadActivationsTest(tf.test.TestCase):
                 loss = tf.reduce_sum(m(x, training=True) * dy)
             eager.append(tape.gradient(loss, m.trainable_variables))
         for a, b in zip(*eager):
-            self.assertAllEqual(a, b)
+            self.assertAllClose(a, b, rtol=0, atol=1e-7)
 
     def test_the_backward_reads_only_host_copies_of_the_block_inputs(self):
         x, dy = data(1)
@@ -130,7 +132,7 @@ class OffloadActivationsTest(tf.test.TestCase):
                 loss = tf.reduce_sum(tf.tanh(layer(tokens)))
             grads.append(tape.gradient(loss, layer.trainable_variables))
         # Embedding gradients are IndexedSlices: compare them dense.
-        self.assertAllEqual(tf.convert_to_tensor(grads[0][0]), tf.convert_to_tensor(grads[1][0]))
+        self.assertAllClose(tf.convert_to_tensor(grads[0][0]), tf.convert_to_tensor(grads[1][0]), rtol=0, atol=1e-7)
 
     def test_a_layer_adding_losses_is_refused(self):
         with self.assertRaisesRegex(ValueError, "activity regularizer"):

@@ -6,7 +6,7 @@ import pytest
 
 from tests.mpi_harness import PLAIN_JOB, run_under_mpi
 
-PIPELINE = PLAIN_JOB.add("suite_pipeline.py", timeout=450)  # one job with the other plain suites
+PIPELINE = PLAIN_JOB.add("suite_pipeline.py", timeout=480)  # one job with the other plain suites
 
 
 @pytest.mark.parametrize("np", [2, 4])
