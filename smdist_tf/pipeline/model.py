@@ -103,7 +103,8 @@ class PipelineModel(keras.Model):
 
     def __init__(self, model: ModelOrBuilder, num_stages: int, num_microbatches: int, schedule: str = "1f1b",
                  partition: partition_lib.PartitionSpec = "auto", recompute: bool = False,
-                 offload_activations: bool = False, verbose: bool = True, progress_on_rank_zero_only: bool = True, name: Optional[str] = None):
+                 offload_activations: bool = False, verbose: bool = True, progress_on_rank_zero_only: bool = True,
+                 name: Optional[str] = None):
         require_keras_3("PipelineModel")
         if not isinstance(num_microbatches, int) or num_microbatches < 1:
             raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")

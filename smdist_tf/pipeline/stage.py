@@ -187,8 +187,8 @@ class StageRunner:
         keep_tape = training and not self.recompute
         offload = training and self.offload
         stash: dict[int, tuple] = {}
-        # Offloaded microbatches: their stage inputs in host memory and their devices; and
-        # those already on their way back for a backward that comes next.
+        # Offloaded microbatches: their stage inputs in host memory and their devices, until
+        # the action before their backward fetches them back.
         on_host: dict[int, tuple[list, list]] = {}
         fetched: dict[int, list] = {}
         objectives: dict[int, tf.Tensor] = {}
@@ -246,8 +246,7 @@ class StageRunner:
                                           TAG_GRADIENTS, None, done)
                     waited += wait
                 with tf.control_dependencies(done + dy):
-                    if i in on_host:
-                        inputs = from_host(*on_host.pop(i), after=done + dy)
+                    # An offloaded microbatch was fetched during the action before this one.
                     inputs = fetched.pop(i, inputs)
                     if tape is None:
                         # Identity under the control dependency: the recomputed forward is a
