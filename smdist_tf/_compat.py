@@ -59,6 +59,9 @@ The other reaches, by the module that makes them:
   ``is_input``, ``input_tensors``, ``outputs`` and ``arguments.fill_in()``,
   ``Layer._call_has_training_arg``, ``Layer._flatten_layers()``,
   ``Layer._get_own_losses()``), and updates ``Model._loss_tracker`` (the ``loss`` metric).
+* ``OffloadActivations`` (smdist_tf/pipeline/offload.py) calls the same
+  ``Layer._flatten_layers()`` and ``Layer._get_own_losses()`` on the layer it wraps, to refuse
+  one that added losses in its call (their gradient would not reach its weights).
 * ``smdist_tf.keras.callbacks.ModelCheckpoint`` (smdist_tf/keras/callbacks.py) overrides
   ``ModelCheckpoint._save_model`` (``keras.callbacks``' and ``tf_keras.callbacks``').
 * The Keras 3 ``DistributedOptimizer`` (smdist_tf/keras/optimizer.py) reads

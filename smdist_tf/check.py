@@ -11,8 +11,13 @@ TensorFlow, each in a process of its own (the engine picks its GPU path when it 
 * ``host-staged``: the same with ``SMDIST_GPU_OPERATIONS=MPI`` (device -> host -> device);
 * ``xla``: ``tf.function(jit_compile=True)``, the XLA GPU lowering and the CUDA handler;
 
-checks each result and reports the path the engine's timeline recorded. Exit status 0 when
-every check passed (1 otherwise, 2 when there is no GPU or no GPU kernel to check).
+checks each result and reports the path the engine's timeline recorded; and
+
+* ``offload``: activation offloading (``OffloadActivations``, no collective): the gradients of
+  8 ``Dense(1024)`` blocks on 4,096 rows with and without it, and the GPU's peak memory in each
+  step (the saving expected from holding the activations on the host).
+
+Exit status 0 when every check passed (1 otherwise, 2 when there is no GPU or no GPU kernel to check).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-PATHS = {"nccl": {}, "host-staged": {"SMDIST_GPU_OPERATIONS": "MPI"}, "xla": {}}
+PATHS = {"nccl": {}, "host-staged": {"SMDIST_GPU_OPERATIONS": "MPI"}, "xla": {}, "offload": {}}
 
 
 def _mark(flag: bool) -> str:
@@ -87,11 +92,52 @@ def report() -> str:
     return "\n".join(lines)
 
 
+def _check_offload(gpu: int) -> dict:
+    """In this process: a step of offloaded blocks on GPU `gpu` against the same blocks plain.
+
+    ``ok`` when the gradients agree and, where there is a GPU, offloading lowered the step's
+    peak GPU memory. Without a GPU TensorFlow places it on the CPU, with fewer rows.
+    """
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from smdist_tf.pipeline.offload import OffloadActivations
+
+    on_gpu = bool(tf.config.list_physical_devices("GPU"))
+    x = tf.constant(np.random.default_rng(0).normal(size=(4096 if on_gpu else 32, 1024)).astype(np.float32))
+    grads, peaks = {}, {}
+    for offload in (False, True):
+        keras.utils.set_random_seed(0)
+        with tf.device(f"/GPU:{gpu}"):
+            blocks = [keras.layers.Dense(1024, activation="relu") for _ in range(8)]
+            model = keras.Sequential([keras.Input((1024,))] + [OffloadActivations(b) if offload else b for b in blocks])
+
+            @tf.function(jit_compile=False)
+            def step(x):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(model(x, training=True))
+                return tape.gradient(loss, model.trainable_variables)
+
+            step(x)  # traced, and TensorFlow's allocator warmed up
+            if on_gpu:
+                tf.config.experimental.reset_memory_stats(f"GPU:{gpu}")
+            grads[offload] = [g.numpy() for g in step(x)]
+            peaks[offload] = tf.config.experimental.get_memory_info(f"GPU:{gpu}")["peak"] if on_gpu else None
+    same = all(np.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(grads[False], grads[True]))
+    lower = not on_gpu or peaks[True] < peaks[False]
+    return {"path": "offload", "gpu": gpu, "ok": same and lower, "same_gradients": same,
+            "peak_bytes_plain": peaks[False], "peak_bytes_offloaded": peaks[True]}
+
+
 def _run_one(path: str, gpu: int, timeline: str) -> dict:
-    """In this process: one allreduce on GPU `gpu` along `path`; returns what happened."""
+    """In this process: one allreduce on GPU `gpu` along `path` (or the offload check); returns what happened."""
     import tensorflow as tf
 
     import smdist_tf as sd
+
+    if path == "offload":
+        return _check_offload(gpu)
 
     sd.init()
     sd.start_timeline(timeline)
@@ -161,9 +207,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         if "path" not in r:
             print(f"    {r['error']}")
             continue
-        detail = (f"result {r['result']} on {r['device']}, timeline path {r['timeline_paths'] or 'none'}"
-                  f"{', staged through the host' if r.get('staged_through_host') else ''}") if "result" in r \
-            else r.get("error", "")
+        if "same_gradients" in r:
+            detail = (f"gradients {'equal' if r['same_gradients'] else 'DIFFER'} with and without; peak GPU bytes "
+                      f"{r['peak_bytes_plain']} plain, {r['peak_bytes_offloaded']} offloaded")
+        elif "result" in r:
+            detail = (f"result {r['result']} on {r['device']}, timeline path {r['timeline_paths'] or 'none'}"
+                      f"{', staged through the host' if r.get('staged_through_host') else ''}")
+        else:
+            detail = r.get("error", "")
         print(f"    {_mark(r['ok'])} GPU {r['gpu']} {r['path']}: {detail}")
     return status
 

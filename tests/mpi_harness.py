@@ -117,3 +117,7 @@ class SharedJob:
 
 # Suites without an environment of their own, and no process sets registered at import: one job per rank count.
 PLAIN_JOB = SharedJob("plain")
+# Suites that want a hang to end every rank within a minute (the engine shuts down after 60 s of stall) and
+# dynamic process sets (a test adds a set and removes it): one job per rank count.
+STALL_SHUTDOWN_JOB = SharedJob("stall shutdown", env={"SMDIST_STALL_SHUTDOWN_TIME": "60",
+                                                      "SMDIST_DYNAMIC_PROCESS_SETS": "1"})

@@ -650,6 +650,17 @@ class PrivateNameInventoryTest(tf.test.TestCase):
         with self.assertRaisesRegex(ValueError, "must start with keras.Input"):
             ModelGraph(keras.Sequential([keras.layers.Dense(1)]))
 
+    def test_offload_activations_sees_a_loss_added_deep_inside_a_block(self):
+        # _flatten_layers reaches the nested layer, _get_own_losses reports what its call added.
+        class AddsLoss(keras.layers.Layer):
+            def call(self, x):
+                self.add_loss(tf.reduce_sum(x))
+                return x
+
+        block = keras.Sequential([keras.layers.Dense(2), AddsLoss()])
+        with self.assertRaisesRegex(ValueError, "adds losses in its call"):
+            sk.OffloadActivations(block)(X)
+
     def test_h5_store_reads_what_keras_wrote(self):
         from smdist_tf.pipeline.weights import checkpoint_layout
 

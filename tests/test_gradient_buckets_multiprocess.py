@@ -2,9 +2,13 @@
 
 import pytest
 
-from tests.mpi_harness import run_suite
+from tests.mpi_harness import STALL_SHUTDOWN_JOB
+
+pytestmark = pytest.mark.optional_packages  # the stall-shutdown job's uneven-data suite loads scikit-learn's digits
+
+BUCKETS = STALL_SHUTDOWN_JOB.add("suite_gradient_buckets.py", timeout=450)  # one job with the other such suites
 
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_gradient_buckets_suite(np):
-    run_suite("suite_gradient_buckets.py", np, timeout=450, env={"SMDIST_STALL_SHUTDOWN_TIME": "60"})
+    STALL_SHUTDOWN_JOB.run(BUCKETS, np)

@@ -8,7 +8,7 @@ from tests.mpi_harness import PLAIN_JOB, run_under_mpi
 
 pytestmark = pytest.mark.optional_packages  # the plain job's suites and the example load scikit-learn's digits
 
-PIPELINE = PLAIN_JOB.add("suite_pipeline.py", timeout=450)  # one job with the other plain suites
+PIPELINE = PLAIN_JOB.add("suite_pipeline.py", timeout=480)  # one job with the other plain suites
 
 
 @pytest.mark.parametrize("np", [2, 4])

@@ -2,7 +2,8 @@
 
 The GPU checks cannot run here; what can: the report says what this CPU build has, ``--gpu``
 refuses with exit 2 and the reason, and one check (the child ``--gpu`` starts per path)
-runs a real allreduce and reads the timeline, with TensorFlow placing it on the CPU.
+runs a real allreduce and reads the timeline, with TensorFlow placing it on the CPU; the
+offload check compares gradients there (its memory figures need a GPU).
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ class SelfCheckTest(tf.test.TestCase):
                 self.assertEqual(result["result"], [1.0, 2.0, 3.0, 4.0])
                 self.assertIn("CPU", result["device"])  # no GPU here: TensorFlow placed it on the CPU
                 self.assertIsInstance(result["timeline_paths"], list)
+
+    def test_offload_check_compares_gradients_and_skips_memory_without_a_gpu(self):
+        from smdist_tf.check import _check_offload
+
+        result = _check_offload(0)  # in this process: what the child would run, without its start-up
+        self.assertTrue(result["ok"], result)
+        self.assertTrue(result["same_gradients"], result)
+        self.assertIsNone(result["peak_bytes_offloaded"])  # GPU memory: a GPU matter
 
 
 if __name__ == "__main__":

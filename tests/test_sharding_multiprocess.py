@@ -2,13 +2,17 @@
 
 import pytest
 
-from tests.mpi_harness import run_suite, run_under_mpi
+from tests.mpi_harness import STALL_SHUTDOWN_JOB, run_under_mpi
 
 
+# Dynamic process sets: one test shards over a set it adds.
+SHARDING = STALL_SHUTDOWN_JOB.add("suite_sharding.py", timeout=900)  # one job with the other such suites
+
+
+@pytest.mark.optional_packages  # the stall-shutdown job's uneven-data suite loads scikit-learn's digits
 @pytest.mark.parametrize("np", [2, 4])
 def test_sharding_suite(np):
-    # Dynamic process sets: one test shards over a set it adds.
-    run_suite("suite_sharding.py", np, timeout=900, env={"SMDIST_DYNAMIC_PROCESS_SETS": "1"})
+    STALL_SHUTDOWN_JOB.run(SHARDING, np)
 
 
 @pytest.mark.parametrize("saved_np,resumed_np", [(2, 4), (4, 2)])

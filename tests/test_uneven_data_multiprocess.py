@@ -6,11 +6,13 @@ regression that hangs fail in about a minute on every rank.
 
 import pytest
 
-from tests.mpi_harness import run_suite
+from tests.mpi_harness import STALL_SHUTDOWN_JOB
 
 pytestmark = pytest.mark.optional_packages  # the suite loads scikit-learn's digits
+
+UNEVEN = STALL_SHUTDOWN_JOB.add("suite_uneven_data.py", timeout=600)  # one job with the other such suites
 
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_uneven_data_suite(np):
-    run_suite("suite_uneven_data.py", np, timeout=600, env={"SMDIST_STALL_SHUTDOWN_TIME": "60"})
+    STALL_SHUTDOWN_JOB.run(UNEVEN, np)

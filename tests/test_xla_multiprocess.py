@@ -2,12 +2,16 @@
 
 import pytest
 
-from tests.mpi_harness import run_suite, run_under_mpi
+from tests.mpi_harness import STALL_SHUTDOWN_JOB, run_under_mpi
 
 
+XLA = STALL_SHUTDOWN_JOB.add("suite_xla.py", timeout=600)  # one job with the other such suites
+
+
+@pytest.mark.optional_packages  # the stall-shutdown job's uneven-data suite loads scikit-learn's digits
 @pytest.mark.parametrize("np", [2, 4])
 def test_xla_suite(np):
-    run_suite("suite_xla.py", np, timeout=600, env={"SMDIST_STALL_SHUTDOWN_TIME": "60", "SMDIST_DYNAMIC_PROCESS_SETS": "1"})
+    STALL_SHUTDOWN_JOB.run(XLA, np)
 
 
 def test_lowerings_compile_when_tensorflow_ran_before_the_import():

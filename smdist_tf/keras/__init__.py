@@ -6,7 +6,7 @@ It serves the Keras ``tf.keras`` is: Keras 3, or Keras 2 (``tf_keras``) when
 Runtime and topology (``init``, ``rank``, ``size``, ...), the collectives with Horovod's
 Keras-module signatures, ``DistributedOptimizer``, ``PartialDistributedOptimizer``,
 ``load_model``, ``broadcast_global_variables``, ``callbacks``, ``elastic``,
-``Compression``, ``PipelineModel`` and ``use_keras_distribution`` (Keras 3's
+``Compression``, ``PipelineModel``, ``OffloadActivations`` and ``use_keras_distribution`` (Keras 3's
 ``keras.distribution`` on TensorFlow, served by smdist_tf: docs/keras-distribution.md).
 
 Names resolve lazily (PEP 562), as in ``smdist_tf``: importing this module does not
@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     )},
     "DistributedOptimizer": "smdist_tf.keras.optimizer",
     "PartialDistributedOptimizer": "smdist_tf.keras.partial_optimizer",
+    "OffloadActivations": "smdist_tf.pipeline.offload",
     "PipelineModel": "smdist_tf.pipeline.model",
     "load_model": "smdist_tf.keras.saving",
     "use_keras_distribution": "smdist_tf.keras.distribution",

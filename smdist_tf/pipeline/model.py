@@ -86,6 +86,9 @@ class PipelineModel(keras.Model):
             number of layer calls), a list of stage sizes, or a list of layer names where
             stages begin.
         recompute: hold only stage inputs and recompute the forward during the backward.
+        offload_activations: with ``recompute``, hold those stage inputs in host memory
+            (``/CPU:0``) between a microbatch's forward and its backward, fetched back
+            one action ahead of the backward (docs/pipeline-parallelism.md#activation-offloading).
         verbose: print the stage summary on rank 0.
         progress_on_rank_zero_only: route Keras' progress bars and messages of
             ``fit``/``evaluate``/``predict`` on the other ranks to absl logging (hidden by
@@ -93,18 +96,25 @@ class PipelineModel(keras.Model):
         name: model name.
 
     Raises:
-        ValueError: bad stage count, partition, schedule or microbatch count (on every rank).
+        ValueError: bad stage count, partition, schedule or microbatch count, or
+            ``offload_activations`` without ``recompute`` (on every rank).
         TypeError: ``model`` is neither a Keras model nor a function returning one.
     """
 
     def __init__(self, model: ModelOrBuilder, num_stages: int, num_microbatches: int, schedule: str = "1f1b",
                  partition: partition_lib.PartitionSpec = "auto", recompute: bool = False,
-                 verbose: bool = True, progress_on_rank_zero_only: bool = True, name: Optional[str] = None):
+                 offload_activations: bool = False, verbose: bool = True, progress_on_rank_zero_only: bool = True,
+                 name: Optional[str] = None):
         require_keras_3("PipelineModel")
         if not isinstance(num_microbatches, int) or num_microbatches < 1:
             raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
         if schedule not in schedule_lib.SCHEDULES:
             raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(schedule_lib.SCHEDULES)}")
+        if offload_activations and not recompute:
+            # TensorFlow keeps an op's saved tensors where the op ran: only a recomputed
+            # block's inputs can wait elsewhere.
+            raise ValueError("offload_activations=True offloads the stage inputs that recompute=True keeps: pass "
+                             "recompute=True too (or wrap layers in smdist_tf.keras.OffloadActivations)")
         topology = topology_lib.PipelineTopology(rank(), size(), int(num_stages))
         scope = None
         if isinstance(model, keras.Model):
@@ -157,7 +167,7 @@ class PipelineModel(keras.Model):
         trainable = model.trainable_variables
         self._runner = StageRunner(graph, calls[a:b], in_ids, out_ids, s, self.topology, stage_vars,
                                    GradientSync(self._plan(trainable, [position.get(id(v)) for v in trainable]),
-                                                self.topology.dp_size), recompute)
+                                                self.topology.dp_size), recompute, offload_activations)
         # A tied variable's regularizer counts once, in the first stage using it.
         self._runner.regularized = [v for v in stage_vars if getattr(v, "regularizer", None) is not None
                                     and min(self._variable_stages[id(v)]) == s]

@@ -8,6 +8,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import tensorflow as tf
 
 from smdist_tf.pipeline.graph import LayerCall, ModelGraph
+from smdist_tf.pipeline.offload import from_host, to_host
 from smdist_tf.pipeline.point_to_point import recv, send
 from smdist_tf.pipeline.schedule import Action
 from smdist_tf.pipeline.topology import PipelineTopology
@@ -50,18 +51,21 @@ class StageRunner:
     previous one is done, so the 1F1B memory bound holds and no Python runs between
     microbatches. A forward runs under its own ``GradientTape``, kept until the
     microbatch's backward; with ``recompute`` only the stage inputs are kept and the
-    forward runs again inside the backward. Sends return once queued; receives are
-    asynchronous kernels that wait for the neighbour without holding a thread.
+    forward runs again inside the backward, and with ``offload`` too those inputs wait in
+    host memory, fetched back one action before their backward. Sends return once
+    queued; receives are asynchronous kernels that wait for the neighbour without
+    holding a thread.
     """
 
     def __init__(self, graph: ModelGraph, calls: list[LayerCall], in_ids: list[int], out_ids: list[int],
                  stage: int, topology: PipelineTopology, variables: list, sync: Callable[[list], list],
-                 recompute: bool = False):
+                 recompute: bool = False, offload: bool = False):
         """Args (besides the stage's place in the model and the topology):
             variables: the stage's trainable variables.
             sync: makes the stage's summed gradients the replicas' (traced into the step, so
                 its collectives start as soon as the last backward is done).
             recompute: keep only stage inputs between a forward and its backward.
+            offload: with ``recompute``, keep those inputs in host memory meanwhile.
         """
         self.graph, self.calls, self.in_ids, self.out_ids = graph, calls, in_ids, out_ids
         self.stage, self.num_stages = stage, topology.pp_size
@@ -70,6 +74,7 @@ class StageRunner:
         self.next_rank = topology.stage_rank(stage + 1) if not self.is_last else None
         self.variables, self.sync = variables, sync
         self.recompute = recompute
+        self.offload = offload and recompute
         self.in_dtypes = [tf.as_dtype(graph.tensors[t].dtype) for t in in_ids]
         self.in_shapes = [tf.TensorShape(graph.tensors[t].shape) for t in in_ids]
         self.out_dtypes = [tf.as_dtype(graph.tensors[t].dtype) for t in out_ids]
@@ -180,14 +185,24 @@ class StageRunner:
     def _step(self, actions: tuple, bounds: tuple, x: Optional[list], y: Optional[list], y_is_list: bool,
               sample_weight: Optional[tf.Tensor], factors: tf.Tensor, training: bool, loss_scale: tf.Tensor):
         keep_tape = training and not self.recompute
+        offload = training and self.offload
         stash: dict[int, tuple] = {}
+        # Offloaded microbatches: their stage inputs in host memory and their devices, until
+        # the action before their backward fetches them back.
+        on_host: dict[int, tuple[list, list]] = {}
+        fetched: dict[int, list] = {}
         objectives: dict[int, tf.Tensor] = {}
         outputs_of: dict[int, list] = {}
         var_grads: Optional[list] = None
         waited = tf.zeros([], tf.float64)
         held = held_bytes = peak_held = peak_bytes = 0
         done: list = []  # what the next action waits for: the schedule's order, kept in the graph
-        for kind, i in actions:
+        for position, (kind, i) in enumerate(actions):
+            upcoming = actions[position + 1] if position + 1 < len(actions) else None
+            if upcoming is not None and upcoming[0] == "B" and upcoming[1] in on_host:
+                # Ahead of need: the copy back overlaps this action (and the receive of the
+                # upcoming backward's gradients).
+                fetched[upcoming[1]] = from_host(*on_host.pop(upcoming[1]), after=done)
             begin, end = bounds[i]
             mb_factors = (factors[0, i], factors[1, i])
             if kind == "F":
@@ -210,6 +225,9 @@ class StageRunner:
                         tape = None
                         outputs, objective = self._forward(inputs, y_mb, w_mb, *mb_factors, training)
                 if training:
+                    if offload and upcoming != ("B", i):
+                        # A backward right after its forward would fetch at once: nothing to gain.
+                        on_host[i] = (to_host(inputs), [t.device for t in inputs])
                     stash[i] = (tape, inputs, outputs, objective, y_mb, w_mb, mb_factors)
                     size = _nbytes(inputs + outputs) if keep_tape else _nbytes(inputs)
                     held, held_bytes = held + 1, held_bytes + size
@@ -228,6 +246,8 @@ class StageRunner:
                                           TAG_GRADIENTS, None, done)
                     waited += wait
                 with tf.control_dependencies(done + dy):
+                    # An offloaded microbatch was fetched during the action before this one.
+                    inputs = fetched.pop(i, inputs)
                     if tape is None:
                         # Identity under the control dependency: the recomputed forward is a
                         # new computation that graph optimisers cannot merge with the first.
