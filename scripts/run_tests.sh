@@ -7,6 +7,6 @@ bash scripts/bootstrap.sh
 source scripts/env.sh
 start=$(date +%s)
 status=0
-python -m pytest tests -v -p no:cacheprovider -p tests.file_times --durations=15 "$@" || status=$?
+python -m pytest tests -v -p no:cacheprovider -p tests.file_times --durations=40 "$@" || status=$?
 echo "[run_tests] wall time: $(( $(date +%s) - start )) s"
 exit $status

@@ -1,8 +1,9 @@
 """Saves a sharded model at one rank count, or resumes it at another: ``save DIR`` / ``resume DIR``.
 
-Run by tests/test_sharding_multiprocess.py (2 -> 4 and 4 -> 2 ranks). Resuming loads the
-file twice, into a sharded and an unsharded strategy, checks that the resharded state
-is the saved state, trains both one more epoch and compares the weights.
+Run by tests/test_sharding_multiprocess.py (2 -> 4 -> 2 ranks). Resuming loads the file
+twice, into a sharded and an unsharded strategy, checks that the resharded state is the
+saved state, trains both one more epoch and compares the weights; ``resume-and-save DIR``
+then saves the sharded model over the file, for the next rank count to resume.
 """
 
 from __future__ import annotations
@@ -49,3 +50,6 @@ else:
                      for a, b in zip(sharded.get_weights(), unsharded.get_weights()))
     print(f"rank {sd.rank()}: resumed at {sd.size()} ranks: state equal {state_equal}, "
           f"weights match {difference < 1e-5}", flush=True)
+    if MODE == "resume-and-save":
+        sd.distribute.save_on_rank_zero(sharded, PATH)
+        print(f"rank {sd.rank()}: saved at {sd.size()} ranks", flush=True)
