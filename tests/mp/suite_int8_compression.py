@@ -71,7 +71,7 @@ class Int8CompressionTest(sync_assertions.SyncAssertions):
         # chunk (blocks split over the ranks) sizes, or leave some ranks' chunks empty.
         for count in [1, 255, 256, 257, 3 * 256 + 1, 70001, 2 ** 22 + 300]:
             inputs = [rank_inputs(r, count, seed=count) for r in range(SIZE)]
-            for op in [sd.Sum, sd.Average]:
+            for op in [sd.Sum, sd.Average] if count < 2 ** 20 else [sd.Sum]:  # Average: scaling, shown small
                 _, error = self._check(inputs, tf.float32, op, f"int8.{count}.{op}")
             if count > 256:
                 # Really quantized: an uncompressed sum would be within float32 rounding.
