@@ -59,6 +59,7 @@ Status Int8RingAllreduce::ReduceSegment(const SpanStaging& tensors, int64_t offs
   if (size > 1) {
     const int right = (rank + 1) % size;
     const int left = (rank + size - 1) % size;
+    // Chunks differ by at most one block, so one block more than any chunk holds the largest.
     const int64_t most = Int8WireBytes(ChunkOf(size - 1, size, count).count + kInt8BlockElements);
     send_.resize(static_cast<size_t>(most));
     recv_.resize(static_cast<size_t>(most));
