@@ -13,7 +13,7 @@ any other TensorFlow op runs in its process):
 
 * ``core``: for each size, raw ``MPI_Allreduce`` through mpi4py (with the smdist engine shut
   down, so its thread does not share the cores), then smdist_tf eager / ``tf.function``
-  allreduce and fp16 compression, back to back so each ratio compares the same minute; then
+  allreduce and fp16 and int8 compression, back to back so each ratio compares the same minute; then
   the ResNet-50-like gradient step, MPI and smdist_tf fused and unfused.
 * ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy`` over loopback gRPC.
 * ``memcpy``: a local numpy copy in the driver process, as the machine's memory reference.
@@ -338,7 +338,7 @@ def _stop_engine() -> None:
 
 
 def run_smdist_size(args: argparse.Namespace, timer: Timer, dtype: str, size: int) -> None:
-    """smdist_tf on one tensor of ``size`` bytes: eager, in a ``tf.function`` chain, fp16-compressed."""
+    """smdist_tf on one tensor of ``size`` bytes: eager, in a ``tf.function`` chain, fp16- and int8-compressed."""
     import tensorflow as tf
 
     import smdist_tf as sd
@@ -370,6 +370,13 @@ def run_smdist_size(args: argparse.Namespace, timer: Timer, dtype: str, size: in
         if rank == 0:
             emit(record("smdist_tf", "fp16_compression", size, dtype, n, secs, iters, mode="eager",
                         wire_dtype="float16", wire_bytes=size // 2, **timer.last))
+        secs, iters = timer(lambda: sd.allreduce(x, op=sd.Sum, compression=sd.Compression.int8,
+                                                 name=name + ".c8"))
+        if rank == 0:
+            # One byte per element and a float32 scale per block of 256 (docs/compression.md).
+            elements = size // ITEMSIZE[dtype]
+            emit(record("smdist_tf", "int8_compression", size, dtype, n, secs, iters, mode="eager",
+                        wire_dtype="int8", wire_bytes=elements + 4 * -(-elements // 256), **timer.last))
 
 
 def run_smdist_resnet(comm: Any, timer: Timer) -> None:
@@ -771,7 +778,7 @@ def measure_ratios(records: list[dict], args: argparse.Namespace) -> dict:
         {field: value}; per-size fields are {size: value}. None where not measured.
     """
     big = [s for s in args.sizes if s >= MIB]
-    busbw_vs_mpi, best_vs_mpi, vs_out_of_place, graph_vs_mpi, mwms_vs_mpi, comp = {}, {}, {}, {}, {}, {}
+    busbw_vs_mpi, best_vs_mpi, vs_out_of_place, graph_vs_mpi, mwms_vs_mpi, comp, comp8 = {}, {}, {}, {}, {}, {}, {}
     for s in big:
         mpi = _find(records, "mpi", "single", s)
         sm = _find(records, "smdist_tf", "single", s)
@@ -786,6 +793,8 @@ def measure_ratios(records: list[dict], args: argparse.Namespace) -> dict:
         mwms_vs_mpi[str(s)] = _ratio(mw and mw["busbw"], mpi and mpi["busbw"])
         c16 = _find(records, "smdist_tf", "fp16_compression", s)
         comp[str(s)] = _ratio(c16 and c16["seconds"], sm and sm["seconds"])
+        c8 = _find(records, "smdist_tf", "int8_compression", s)
+        comp8[str(s)] = _ratio(c8 and c8["seconds"], sm and sm["seconds"])
 
     def micros(rec: Optional[dict], key: str = "seconds") -> Optional[float]:
         return round(rec[key] * 1e6, 1) if rec and rec.get(key) else None
@@ -831,6 +840,7 @@ def measure_ratios(records: list[dict], args: argparse.Namespace) -> dict:
         "many_small_fused_speedup_vs_mpi_loop": _ratio(many_mpi and many_mpi["seconds"],
                                                        many_fused and many_fused["seconds"]),
         "fp16_compression_time_ratio_vs_fp32": comp,
+        "int8_compression_time_ratio_vs_fp32": comp8,
         "busbw_ratio_mwms_vs_mpi_fp32": mwms_vs_mpi,
         "memcpy_GBps": memcpy and memcpy["algbw_GBps"],
     }
@@ -887,6 +897,7 @@ def summarize(figures: dict, records: list[dict], args: argparse.Namespace, erro
         "target_latency_4KiB_le_100us": (lat <= 100.0) if lat is not None else None,
         "target_fused_ge_3x": (speedup >= 3.0) if speedup is not None else None,
         "fp16_compression_wire_bytes_ratio": 0.5,
+        "int8_compression_wire_bytes_ratio": round((1 + 4 / 256) / 4, 4),
         "target_fp16_compression_faster_ge_1MiB": (max(comps) < 1.0) if comps else None,
         "smdist_engine_config": _find_config(records),
         "load_average": load,

@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from smdist_tf import process_sets as _process_sets, reduce_ops
 from smdist_tf._native import op_module as _ops, runtime as _rt
-from smdist_tf.compression import BF16Compressor, Compression, Compressor, FP16Compressor, NoneCompressor, validate as validate_compression
+from smdist_tf.compression import (BF16Compressor, Compression, Compressor, FP16Compressor, Int8Compressor, NoneCompressor,
+                                   validate as validate_compression)
 from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Average, Max, Min, Product, Sum
 from smdist_tf.runtime import rank, require_initialized, size
@@ -28,7 +29,7 @@ _REDUCIBLE_SET = frozenset(_REDUCIBLE)
 _MOVABLE_SET = frozenset(_MOVABLE)
 # The built-in compressors run inside the engine (narrowed while packing the
 # fusion buffer, widened while unpacking); other Compressor classes run in TF.
-_ENGINE_COMPRESSION = {NoneCompressor: "none", FP16Compressor: "fp16", BF16Compressor: "bf16"}
+_ENGINE_COMPRESSION = {NoneCompressor: "none", FP16Compressor: "fp16", BF16Compressor: "bf16", Int8Compressor: "int8"}
 
 
 def _engine_compression(compression: Any) -> Optional[str]:
@@ -124,7 +125,7 @@ def _allreduce_dense(tensors: list, op: int, prescale: float, postscale: float, 
                      compression: str = "none", process_set_id: int = 0) -> list:
     """One engine request for all ``tensors`` (negotiated together, fused).
 
-    ``compression`` ('none', 'fp16', 'bf16') is the type floating-point tensors travel as.
+    ``compression`` ('none', 'fp16', 'bf16', 'int8') is the type floating-point tensors travel as.
     """
     require_initialized()
     tensors = [_as_tensor(t) for t in tensors]
@@ -198,8 +199,9 @@ def allreduce(
         average: deprecated; ``True`` means ``op=Average``, ``False`` means ``op=Sum``.
         device_dense: accepted for Horovod compatibility (CPU only today).
         device_sparse: accepted for Horovod compatibility.
-        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` (cast on the wire), or a
-            ``Compressor`` subclass; anything else raises TypeError.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` (cast on the wire), ``.int8``
+            (int8 blocks on the wire, summed in float32; ``Sum`` and ``Average`` only, see
+            docs/compression.md), or a ``Compressor`` subclass; anything else raises TypeError.
         op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
         prescale_factor: multiplies the input before the reduction.
         postscale_factor: multiplies the result after the reduction (and averaging).

@@ -33,7 +33,7 @@ class GradientReducer:
     variables have no ``.ref()`` and compare by value).
 
     Attributes:
-        compression: ``Compression.none``, ``.fp16`` or ``.bf16``.
+        compression: ``Compression.none``, ``.fp16``, ``.bf16`` or ``.int8``.
         sparse_as_dense: densify ``tf.IndexedSlices`` before reducing.
         op: ``Average`` (default) or ``Sum``.
         gradient_predivide_factor: with ``Average``, divide by this before the sum and by

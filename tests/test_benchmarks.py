@@ -20,7 +20,7 @@ SCRIPT = ROOT / "benchmarks" / "allreduce.py"
 RESULT_KEYS = {"system", "case", "size_bytes", "dtype", "np", "seconds", "algbw", "busbw", "iters"}
 SUMMARY_KEYS = {
     "busbw_ratio_smdist_vs_mpi_fp32", "latency_4KiB_eager_us", "fused_speedup_vs_unfused",
-    "fp16_compression_time_ratio_vs_fp32", "memcpy_GBps", "load_average", "systems_present", "errors",
+    "fp16_compression_time_ratio_vs_fp32", "int8_compression_time_ratio_vs_fp32", "memcpy_GBps", "load_average", "systems_present", "errors",
     "fused_speedup_vs_unfused_small_tensors", "fused_speedup_vs_unfused_many_small",
     "many_small_fused_speedup_vs_mpi_loop",
 }
@@ -62,7 +62,8 @@ def test_quick_run_emits_json_for_all_systems() -> None:
     systems = {r["system"] for r in results}
     assert {"smdist_tf", "smdist_tf_graph", "mpi", "mwms", "memcpy"} <= systems, systems
     cases = {(r["system"], r["case"]) for r in results}
-    for needed in [("smdist_tf", "single"), ("smdist_tf", "fp16_compression"), ("smdist_tf", "resnet50_grads_fused"),
+    for needed in [("smdist_tf", "single"), ("smdist_tf", "fp16_compression"), ("smdist_tf", "int8_compression"),
+                   ("smdist_tf", "resnet50_grads_fused"),
                    ("smdist_tf", "resnet50_grads_unfused"), ("smdist_tf", "resnet50_small_grads_fused"),
                    ("smdist_tf", "many_small_fused"), ("smdist_tf", "many_small_unfused"), ("mpi", "many_small_loop"),
                    ("mpi", "single"), ("mwms", "single")]:
@@ -89,6 +90,7 @@ def test_two_hosts_run_crosses_the_veth() -> None:
     config = next(r for r in records if r.get("case") == "engine_config")["config"]
     assert config["intra_host_allreduce"] == "mpi"  # no local peer: every byte crossed the veth
     assert summary["fp16_compression_time_ratio_vs_fp32"].get(str(1 << 20)) is not None
+    assert summary["int8_compression_time_ratio_vs_fp32"].get(str(1 << 20)) is not None
 
 
 

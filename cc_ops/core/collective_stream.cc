@@ -81,6 +81,13 @@ int CollectiveStream::MemberIndex(int rank) const {
 
 Status CollectiveStream::Enqueue(std::vector<TensorEntry> entries, bool run_inline) {
   for (TensorEntry& e : entries) {
+    if (e.type == CollectiveType::kAllreduce && e.compression == WireCompression::kInt8 &&
+        IsFloatingPoint(e.dtype) && e.reduce_op != ReduceOp::kSum && e.reduce_op != ReduceOp::kAverage &&
+        e.local_error.empty()) {
+      // Every rank submits the same op, so every rank reports this.
+      e.local_error = "allreduce of '" + e.name + "': Compression.int8 reduces with Sum or Average, not " +
+                      ReduceOpName(e.reduce_op);
+    }
     if (e.type != CollectiveType::kBroadcast || !e.local_error.empty()) continue;
     // Roots are named by world rank; the set's transports count members.
     const int root = MemberIndex(e.root_rank);

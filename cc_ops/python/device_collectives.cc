@@ -78,7 +78,7 @@ void DefineDeviceCollectives(py::module_& m) {
           throw py::value_error("_allreduce_device: inputs, outputs, counts and names must be equally long, not empty");
         }
         CheckOp(op);
-        if (compression < 0 || compression > static_cast<int>(smdist::WireCompression::kBFloat16)) {
+        if (compression < 0 || compression > static_cast<int>(smdist::WireCompression::kInt8)) {
           throw py::value_error("unknown compression " + std::to_string(compression));
         }
         std::vector<smdist::TensorEntry> entries;

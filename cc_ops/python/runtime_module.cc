@@ -134,7 +134,7 @@ PYBIND11_MODULE(_runtime, m) {
     for (int32_t d = 0; d <= static_cast<int32_t>(smdist::DataType::kInt16); ++d) {
       if (dtype == smdist::DataTypeName(static_cast<smdist::DataType>(d))) data_type = d;
     }
-    for (int32_t c = 0; c <= static_cast<int32_t>(smdist::WireCompression::kBFloat16); ++c) {
+    for (int32_t c = 0; c <= static_cast<int32_t>(smdist::WireCompression::kInt8); ++c) {
       if (compression == smdist::WireCompressionName(static_cast<smdist::WireCompression>(c))) wire = c;
     }
     if (data_type < 0 || wire < 0) throw py::value_error("unknown dtype or compression: " + dtype + ", " + compression);

@@ -190,9 +190,8 @@ class AllreduceKernel : public CollectiveKernel {
     OP_REQUIRES_OK(c, c->GetAttr("run_inline", &run_inline_));
     std::string compression;
     OP_REQUIRES_OK(c, c->GetAttr("compression", &compression));
-    compression_ = compression == "fp16"   ? WireCompression::kFloat16
-                   : compression == "bf16" ? WireCompression::kBFloat16
-                                           : WireCompression::kNone;
+    OP_REQUIRES(c, WireCompressionFromName(compression, &compression_),
+                absl::InvalidArgumentError("unknown compression " + compression));
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {

@@ -153,9 +153,8 @@ class AllreduceLowering : public SameShapeLowering {
   explicit AllreduceLowering(tensorflow::OpKernelConstruction* c) : SameShapeLowering(c), reduction_(c) {
     std::string compression;
     OP_REQUIRES_OK(c, c->GetAttr("compression", &compression));
-    compression_ = compression == "fp16"   ? WireCompression::kFloat16
-                   : compression == "bf16" ? WireCompression::kBFloat16
-                                           : WireCompression::kNone;
+    OP_REQUIRES(c, WireCompressionFromName(compression, &compression_),
+                absl::InvalidArgumentError("unknown compression " + compression));
     on_gpu_ = c->device_type() == tensorflow::DeviceType(tensorflow::DEVICE_GPU_XLA_JIT);
   }
 
@@ -167,10 +166,11 @@ class AllreduceLowering : public SameShapeLowering {
   }
   // On the GPU, compression casts on the device, as Horovod casts in the graph:
   // NCCL then reduces fp16/bf16 where the data is, instead of the engine
-  // narrowing on the host-staged path.
+  // narrowing on the host-staged path. Int8 blocks need the engine's ring, so
+  // they stay host-staged.
   void ToWireTypes(XlaOpKernelContext* ctx, std::vector<xla::XlaOp>* operands, std::vector<xla::Shape>* shapes,
                    xla_call::CallParameters* p) const override {
-    if (compression_ == WireCompression::kNone || !on_gpu_) return;
+    if (compression_ == WireCompression::kNone || compression_ == WireCompression::kInt8 || !on_gpu_) return;
     const xla::PrimitiveType wire = compression_ == WireCompression::kFloat16 ? xla::F16 : xla::BF16;
     for (size_t i = 0; i < operands->size(); ++i) {
       const xla::PrimitiveType given = (*shapes)[i].element_type();

@@ -45,7 +45,7 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
 
     Args:
         compression: wire compression for floating-point reductions
-            (``Compression.none``, ``.fp16`` or ``.bf16``).
+            (``Compression.none``, ``.fp16``, ``.bf16`` or ``.int8``).
         progress_on_rank_zero_only: route Keras' progress bars and messages on the other
             ranks to absl logging (hidden by default), so one rank prints them.
         process_set: train over this ``ProcessSet``'s members only (its first rank plays

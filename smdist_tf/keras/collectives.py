@@ -39,7 +39,7 @@ def allreduce(
         prescale_factor: multiplies the input before the reduction.
         postscale_factor: multiplies the result after the reduction (and averaging).
         op: ``Average`` (when ``None``), ``Sum``, ``Min``, ``Max`` or ``Product``.
-        compression: ``Compression.none``, ``.fp16`` or ``.bf16``.
+        compression: ``Compression.none``, ``.fp16``, ``.bf16`` or ``.int8``.
         process_set: reduce over this ``ProcessSet`` only (``None``: all ranks).
 
     Returns:

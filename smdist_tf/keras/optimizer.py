@@ -141,7 +141,7 @@ def DistributedOptimizer(
         name: optional new name for the optimizer.
         device_dense: accepted for Horovod compatibility.
         device_sparse: accepted for Horovod compatibility.
-        compression: ``Compression.none``, ``.fp16`` or ``.bf16``.
+        compression: ``Compression.none``, ``.fp16``, ``.bf16`` or ``.int8``.
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before reducing.
         gradient_predivide_factor: with ``Average``, divide before the sum and after by ``size()/factor``.
         op: ``Average`` or ``Sum``.

@@ -42,7 +42,7 @@ def PartialDistributedOptimizer(
         name: optional new name for the optimizer.
         device_dense: accepted for Horovod compatibility.
         device_sparse: accepted for Horovod compatibility.
-        compression: ``Compression.none``, ``.fp16`` or ``.bf16``.
+        compression: ``Compression.none``, ``.fp16``, ``.bf16`` or ``.int8``.
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before reducing.
         gradient_predivide_factor: as for ``DistributedOptimizer``.
         op: ``Average`` or ``Sum``.

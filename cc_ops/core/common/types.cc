@@ -1,5 +1,7 @@
 #include "common/types.h"
 
+#include <initializer_list>
+
 namespace smdist {
 
 size_t DataTypeSize(DataType dtype) {
@@ -45,6 +47,7 @@ DataType WireDataType(DataType dtype, WireCompression compression) {
   switch (compression) {
     case WireCompression::kFloat16: return DataType::kFloat16;
     case WireCompression::kBFloat16: return DataType::kBFloat16;
+    case WireCompression::kInt8: return DataType::kInt8;
     case WireCompression::kNone: break;
   }
   return dtype;
@@ -55,8 +58,20 @@ const char* WireCompressionName(WireCompression compression) {
     case WireCompression::kNone: return "none";
     case WireCompression::kFloat16: return "fp16";
     case WireCompression::kBFloat16: return "bf16";
+    case WireCompression::kInt8: return "int8";
   }
   return "unknown";
+}
+
+bool WireCompressionFromName(const std::string& name, WireCompression* compression) {
+  for (WireCompression c : {WireCompression::kNone, WireCompression::kFloat16, WireCompression::kBFloat16,
+                            WireCompression::kInt8}) {
+    if (name == WireCompressionName(c)) {
+      *compression = c;
+      return true;
+    }
+  }
+  return false;
 }
 
 const char* ReduceOpName(ReduceOp op) {

@@ -43,11 +43,13 @@ enum class CollectiveType : int32_t {
   kJoin,
 };
 
-// What floating-point tensors of an allreduce travel as (Compression.fp16/bf16).
+// What floating-point tensors of an allreduce travel as (Compression.fp16/bf16/int8).
 enum class WireCompression : int32_t {
   kNone = 0,
   kFloat16,
   kBFloat16,
+  // int8 blocks with an fp32 scale each, summed in fp32 (transports/mpi/int8_ring_allreduce.h).
+  kInt8,
 };
 
 size_t DataTypeSize(DataType dtype);
@@ -55,6 +57,8 @@ size_t DataTypeSize(DataType dtype);
 // types, otherwise `dtype` itself.
 DataType WireDataType(DataType dtype, WireCompression compression);
 const char* WireCompressionName(WireCompression compression);
+// The compression WireCompressionName calls `name`; false for an unknown name.
+bool WireCompressionFromName(const std::string& name, WireCompression* compression);
 const char* DataTypeName(DataType dtype);
 const char* ReduceOpName(ReduceOp op);
 const char* CollectiveTypeName(CollectiveType type);

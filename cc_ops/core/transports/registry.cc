@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "transports/cma/cross_memory_allreduce.h"
 #include "transports/cma/path_calibration.h"
+#include "transports/mpi/int8_ring_allreduce.h"
 #include "transports/mpi/mpi_collectives.h"
 #include "transports/mpi/mpi_communicators.h"
 #include "transports/mpi/mpi_control_plane.h"
@@ -69,8 +70,9 @@ Status Transports::Assemble(const EngineConfig& config, std::shared_ptr<MpiCommu
   }
   t->intra_host_allreduce_ = cma ? "cross_memory_attach" : shm ? "shared_memory" : "mpi";
 
-  // Preference: read tensors in place, else stage them through shared memory,
-  // else one MPI call.
+  // Preference: int8 compression has its own ring; otherwise read tensors in
+  // place, else stage them through shared memory, else one MPI call.
+  t->data_.push_back(std::make_unique<Int8RingAllreduce>(comms));
   t->shm_ = shm.get();
   t->cma_ = cma.get();
   if (cma) {
