@@ -1,6 +1,7 @@
 """op=Adasum: the engine's vector-halving Adasum against the NumPy pairwise reference, and its errors.
 
-Run on every rank by tests/test_adasum_multiprocess.py (in the shared plain job). Inputs are
+Run on every rank by tests/test_adasum_multiprocess.py (in the shared plain job; under XLA in suite_xla.py,
+with tf-keras in suite_tf_keras.py, whose jobs pay those start-ups already). Inputs are
 deterministic per rank (collective_expectations.rank_values), so every rank computes the expected
 result of all ranks with tests/mp/adasum_reference.py.
 """
@@ -95,6 +96,15 @@ class AdasumAllreduceTest(SyncAssertions):
         out = sd.allreduce(tf.constant(values[RANK]), op=sd.Adasum, prescale_factor=0.5, postscale_factor=3.0,
                            name="adasum.scaled")
         self.assertAllClose(out, 3.0 * adasum([0.5 * v for v in values]), rtol=1e-12, atol=1e-12)
+
+    def test_a_rank_inside_join_counts_as_a_zero_vector(self):
+        values = every_rank((5,), seed=17)
+        if RANK == 0:
+            sd.join()
+        else:
+            out = sd.allreduce(tf.constant(values[RANK]), op=sd.Adasum, name="adasum.joined")
+            sd.join()
+            self.assertAllClose(out, adasum([np.zeros(5)] + values[1:]), rtol=1e-12, atol=1e-12)
 
     def test_horovod_keras_allreduce_takes_adasum(self):
         values = every_rank((4,), tf.float32, seed=9)
