@@ -170,7 +170,8 @@ Status AdasumAllreduce::Exchange(int peer, const void* send, int64_t give, int64
   std::vector<int64_t> send_counts(topology_.size, 0), recv_counts(topology_.size, 0);
   send_counts[peer] = give;
   recv_counts[peer] = keep;
-  DataTransport* transport = FirstEnabled(data_plane_, HostWork(CollectiveType::kAlltoall, dtype, give * 2));
+  const int64_t bytes = give * static_cast<int64_t>(DataTypeSize(dtype));
+  DataTransport* transport = FirstEnabled(data_plane_, HostWork(CollectiveType::kAlltoall, dtype, bytes));
   return transport->Alltoallv(send, send_counts, received_.data(), recv_counts, dtype);
 }
 
@@ -202,7 +203,8 @@ Status AdasumAllreduce::Gather(DataType dtype, int64_t total, int64_t lo, void* 
   }
   gathered_.resize(static_cast<size_t>(std::max<int64_t>(total, 1)) * elem);
   auto* bytes = static_cast<uint8_t*>(data);
-  DataTransport* transport = FirstEnabled(data_plane_, HostWork(CollectiveType::kAllgather, dtype, total * elem));
+  const int64_t wire_bytes = total * static_cast<int64_t>(elem);
+  DataTransport* transport = FirstEnabled(data_plane_, HostWork(CollectiveType::kAllgather, dtype, wire_bytes));
   SMDIST_RETURN_IF_ERROR(transport->Allgatherv(bytes + lo * elem, gathered_.data(), counts, dtype));
   int64_t offset = 0;
   for (int r = 0; r < size; ++r) {

@@ -12,8 +12,9 @@
 // hold the pieces); each rank then combines its piece, and an allgather
 // assembles the result. Dots accumulate in float64 for float32/float64 tensors
 // and in float32 for float16/bfloat16 ones. Only the data-plane interface is
-// used (alltoallv for the pairwise swap, allreduce for the dots), on host
-// memory, so it runs on whatever host transport the process set has.
+// used (alltoallv for the pairwise swap, allreduce for the dots, allgatherv
+// at the end), on host memory, so it runs on whatever host transports the
+// process set has.
 #pragma once
 
 #include <cstdint>
