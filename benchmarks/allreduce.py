@@ -13,7 +13,8 @@ any other TensorFlow op runs in its process):
 
 * ``core``: for each size, raw ``MPI_Allreduce`` through mpi4py (with the smdist engine shut
   down, so its thread does not share the cores), then smdist_tf eager / ``tf.function``
-  allreduce and fp16 and int8 compression, back to back so each ratio compares the same minute; then
+  allreduce (Sum; Adasum beside it at power-of-two rank counts) and fp16 and int8 compression, back to back
+  so each ratio compares the same minute; then
   the ResNet-50-like gradient step, MPI and smdist_tf fused and unfused.
 * ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy`` over loopback gRPC.
 * ``memcpy``: a local numpy copy in the driver process, as the machine's memory reference.
@@ -352,6 +353,11 @@ def run_smdist_size(args: argparse.Namespace, timer: Timer, dtype: str, size: in
     secs, iters = timer(lambda: sd.allreduce(x, op=sd.Sum, name=name))
     if rank == 0:
         emit(record("smdist_tf", "single", size, dtype, n, secs, iters, mode="eager", **timer.last))
+    if n & (n - 1) == 0:  # Adasum combines a power-of-two number of ranks
+        # Beside Sum at the same size: its halving steps, dot products and allgather (docs/api.md#adasum).
+        secs, iters = timer(lambda: sd.allreduce(x, op=sd.Adasum, name=name + ".adasum"))
+        if rank == 0:
+            emit(record("smdist_tf", "adasum", size, dtype, n, secs, iters, mode="eager", **timer.last))
     if dtype == "float32" and size == min(args.sizes):
         # Unnamed eager calls: each is a new collective (numbered), negotiated in full.
         secs, iters = timer(lambda: sd.allreduce(x, op=sd.Sum))
@@ -795,6 +801,10 @@ def measure_ratios(records: list[dict], args: argparse.Namespace) -> dict:
         comp[str(s)] = _ratio(c16 and c16["seconds"], sm and sm["seconds"])
         c8 = _find(records, "smdist_tf", "int8_compression", s)
         comp8[str(s)] = _ratio(c8 and c8["seconds"], sm and sm["seconds"])
+    adasum_vs_sum = {}
+    for s in args.sizes:
+        ada, sm = _find(records, "smdist_tf", "adasum", s), _find(records, "smdist_tf", "single", s)
+        adasum_vs_sum[str(s)] = _ratio(ada and ada["seconds"], sm and sm["seconds"])
 
     def micros(rec: Optional[dict], key: str = "seconds") -> Optional[float]:
         return round(rec[key] * 1e6, 1) if rec and rec.get(key) else None
@@ -841,6 +851,7 @@ def measure_ratios(records: list[dict], args: argparse.Namespace) -> dict:
                                                        many_fused and many_fused["seconds"]),
         "fp16_compression_time_ratio_vs_fp32": comp,
         "int8_compression_time_ratio_vs_fp32": comp8,
+        "adasum_time_ratio_vs_sum_fp32": adasum_vs_sum,
         "busbw_ratio_mwms_vs_mpi_fp32": mwms_vs_mpi,
         "memcpy_GBps": memcpy and memcpy["algbw_GBps"],
     }

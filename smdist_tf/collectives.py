@@ -18,7 +18,7 @@ from smdist_tf._native import op_module as _ops, runtime as _rt
 from smdist_tf.compression import (BF16Compressor, Compression, Compressor, FP16Compressor, Int8Compressor, NoneCompressor,
                                    validate as validate_compression)
 from smdist_tf.process_sets import ProcessSet
-from smdist_tf.reduce_ops import Average, Max, Min, Product, Sum
+from smdist_tf.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from smdist_tf.runtime import rank, require_initialized, size
 
 TensorLike = Union[tf.Tensor, tf.Variable, tf.IndexedSlices, Any]
@@ -162,6 +162,9 @@ def _allreduce_dense(tensors: list, op: int, prescale: float, postscale: float, 
 def _allreduce_sparse(slices: tf.IndexedSlices, op: int, prescale: float, postscale: float, name: Optional[str],
                       process_set: Optional[ProcessSet] = None):
     """Sparse gradients travel as two allgathers (values, indices), as in Horovod."""
+    if op == Adasum:
+        raise NotImplementedError("Adasum does not reduce tf.IndexedSlices (sparse gradients): densify them first, "
+                                  "e.g. sparse_as_dense=True in DistributedGradientTape/DistributedOptimizer")
     if op not in (Average, Sum):
         raise NotImplementedError(f"allreduce of tf.IndexedSlices supports Average and Sum, not {reduce_ops.op_name(op)}")
     base = name or None
@@ -202,7 +205,9 @@ def allreduce(
         compression: ``Compression.none``, ``.fp16`` or ``.bf16`` (cast on the wire), ``.int8``
             (int8 blocks on the wire, summed in float32; ``Sum`` and ``Average`` only, see
             docs/compression.md), or a ``Compressor`` subclass; anything else raises TypeError.
-        op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        op: ``Average`` (default), ``Sum``, ``Adasum``, ``Min``, ``Max`` or ``Product``.
+            ``Adasum`` needs a power-of-two number of ranks (in ``process_set``), floating-point
+            dense tensors and no wire compression (``smdist_tf.reduce_ops``).
         prescale_factor: multiplies the input before the reduction.
         postscale_factor: multiplies the result after the reduction (and averaging).
         name: name used to match this collective across ranks.
@@ -360,6 +365,8 @@ def reducescatter(
     psid = _process_sets.process_set_id(process_set)
     require_initialized()
     op = reduce_ops.validate(op)
+    if op == Adasum:
+        raise ValueError("reducescatter does not take op=Adasum; Adasum is an allreduce op")
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, _REDUCIBLE, "reducescatter")
     return _unordered(_ops.smdist_reducescatter(
@@ -515,6 +522,9 @@ def _allreduce_grad(op, *grads):
     if reduce_op in (Sum, Average):
         # d(sum_r pre*x_r)/dx_r = pre; upstream gradients add up over ranks (compressed like the forward).
         return _allreduce_dense(grads, reduce_op, pre, post, None, op.get_attr("compression").decode(), psid) + [None]
+    if reduce_op == Adasum:
+        # Adasum reduces gradients; differentiating through it is not something training needs.
+        raise NotImplementedError("the gradient of allreduce with op=Adasum is not implemented")
     summed = _allreduce_dense(grads, Sum, 1.0, 1.0, None, "none", psid)
     if reduce_op in (Min, Max):
         return list(_extremum_grads(xs, ys, summed, reduce_op, pre, post, psid)) + [None]

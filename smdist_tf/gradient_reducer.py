@@ -16,7 +16,7 @@ from smdist_tf.buckets import gradient_buckets
 from smdist_tf.collectives import grouped_allreduce
 from smdist_tf.compression import Compression, Compressor, validate as validate_compression
 from smdist_tf.process_sets import ProcessSet
-from smdist_tf.reduce_ops import Average, Sum
+from smdist_tf.reduce_ops import Adasum, Average, Sum
 from smdist_tf.runtime import size
 
 
@@ -35,7 +35,8 @@ class GradientReducer:
     Attributes:
         compression: ``Compression.none``, ``.fp16``, ``.bf16`` or ``.int8``.
         sparse_as_dense: densify ``tf.IndexedSlices`` before reducing.
-        op: ``Average`` (default) or ``Sum``.
+        op: ``Average`` (default), ``Sum`` or ``Adasum`` (``smdist_tf.reduce_ops``: sparse
+            gradients then need ``sparse_as_dense=True``).
         gradient_predivide_factor: with ``Average``, divide by this before the sum and by
             ``size()/factor`` after it (trades overflow risk against precision).
         num_groups: split the gradients into this many fused requests (0: one request).
@@ -61,8 +62,8 @@ class GradientReducer:
     def __post_init__(self) -> None:
         _process_sets.process_set_id(self.process_set)  # a set that is not registered fails here
         op = reduce_ops.validate(self.op)
-        if op not in (Average, Sum):
-            raise ValueError("gradients are reduced with op=Average or op=Sum")
+        if op not in (Average, Sum, Adasum):
+            raise ValueError(f"gradients are reduced with op=Average or op=Sum (or op=Adasum), not {reduce_ops.op_name(op)}")
         if self.gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor needs op=Average")
         if self.num_groups < 0:

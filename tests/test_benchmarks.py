@@ -22,7 +22,7 @@ SUMMARY_KEYS = {
     "busbw_ratio_smdist_vs_mpi_fp32", "latency_4KiB_eager_us", "fused_speedup_vs_unfused",
     "fp16_compression_time_ratio_vs_fp32", "int8_compression_time_ratio_vs_fp32", "memcpy_GBps", "load_average", "systems_present", "errors",
     "fused_speedup_vs_unfused_small_tensors", "fused_speedup_vs_unfused_many_small",
-    "many_small_fused_speedup_vs_mpi_loop",
+    "many_small_fused_speedup_vs_mpi_loop", "adasum_time_ratio_vs_sum_fp32",
 }
 
 
@@ -66,7 +66,7 @@ def test_quick_run_emits_json_for_all_systems() -> None:
                    ("smdist_tf", "resnet50_grads_fused"),
                    ("smdist_tf", "resnet50_grads_unfused"), ("smdist_tf", "resnet50_small_grads_fused"),
                    ("smdist_tf", "many_small_fused"), ("smdist_tf", "many_small_unfused"), ("mpi", "many_small_loop"),
-                   ("mpi", "single"), ("mwms", "single")]:
+                   ("mpi", "single"), ("mwms", "single"), ("smdist_tf", "adasum")]:
         assert needed in cases, needed
     dtypes = {r["dtype"] for r in results if r["system"] == "smdist_tf" and r["case"] == "single"}
     assert dtypes == {"float32", "float16", "bfloat16"}

@@ -64,6 +64,19 @@ class GradientReducerTest(tf.test.TestCase):
         with self.assertRaisesRegex(ValueError, "no wire compression"):
             sd.sharding.apply_sharded_gradients(tape, keras.optimizers.SGD(0.1), tf.constant(0.0), [])
 
+    def test_adasum_reduces_gradients_but_not_by_reduce_scatter(self):
+        tape = sd.DistributedGradientTape(tf.GradientTape(), op=sd.Adasum)
+        self.assertEqual(tape.reducer.op, sd.Adasum)
+        # At size 1 Adasum is the identity; with a factor the engine runs it.
+        variables = [tf.Variable(tf.zeros([3]))]
+        reduced = sd.GradientReducer(op=sd.Adasum).reduce([tf.constant([1.0, -2.0, 3.0])], variables)
+        self.assertAllClose(reduced[0], [1.0, -2.0, 3.0])
+        self.assertAllClose(sd.allreduce(tf.constant([1.0, -2.0]), op=sd.Adasum, prescale_factor=2.0), [2.0, -4.0])
+        with self.assertRaisesRegex(ValueError, "Adasum is an allreduce op"):
+            sk.DistributedOptimizer(keras.optimizers.SGD(0.1), op=sd.Adasum, shard_optimizer_state=True)
+        with self.assertRaisesRegex(ValueError, "needs op=Average"):
+            sd.GradientReducer(op=sd.Adasum, gradient_predivide_factor=2.0)
+
     def test_reduced_gradients_train_like_local_ones_at_size_one(self):
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         x = np.ones((4, 3), np.float32)

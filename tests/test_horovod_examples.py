@@ -16,8 +16,8 @@ SMDISTRUN = str(Path(sys.executable).parent / "smdistrun")
 EXAMPLES = ROOT / "examples" / "horovod_compat"
 
 
-def run_example(script: str, np: int, tmp_path: Path) -> str:
-    code, out = run_process_group([SMDISTRUN, "-np", str(np), sys.executable, str(EXAMPLES / script)], ROOT,
+def run_example(script: str, np: int, tmp_path: Path, *args: str) -> str:
+    code, out = run_process_group([SMDISTRUN, "-np", str(np), sys.executable, str(EXAMPLES / script), *args], ROOT,
                                   mpi_env({"CHECKPOINT_DIR": str(tmp_path)}), timeout=300)
     assert code == 0, out[-5000:]
     return out
@@ -37,8 +37,9 @@ def test_horovods_keras_synthetic_benchmark(tmp_path):
     assert re.search(r"Img/sec per CPU: [\d.]+", out), out[-3000:]
 
 
-def test_horovods_tensorflow2_synthetic_benchmark(tmp_path):
-    out = run_example("tensorflow2_synthetic_benchmark.py", 2, tmp_path)
+def test_horovods_tensorflow2_synthetic_benchmark_with_adasum(tmp_path):
+    # Horovod's --use-adasum flag; the Keras benchmark above and the digits loop cover op=Average.
+    out = run_example("tensorflow2_synthetic_benchmark.py", 2, tmp_path, "--use-adasum")
     assert re.search(r"Img/sec per CPU: [\d.]+", out), out[-3000:]
     assert "weights identical on all ranks: True" in out, out[-3000:]
 

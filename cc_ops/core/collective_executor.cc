@@ -180,6 +180,7 @@ uint8_t* CollectiveExecutor::FusionBuffer(int64_t bytes) {
 
 Status CollectiveExecutor::Allreduce(std::vector<TensorEntry>* entries) {
   const TensorEntry& first = (*entries)[0];
+  if (first.reduce_op == ReduceOp::kAdasum) return Adasum(entries);
   for (const smdist::AllreduceStep& step : planner_->PlanAllreduce(*entries, data_plane_)) {
     std::vector<TensorSpan> spans;
     for (size_t i : step.members) {
@@ -234,6 +235,37 @@ Status CollectiveExecutor::AllreduceStep(const smdist::AllreduceStep& step, cons
   if (!folded) {  // integer average: divide like TF does, tensor by tensor
     for (const TensorSpan& s : spans) FinishReduction(dtype, first.reduce_op, first.postscale, s.output, s.count);
   }
+  return Status::OK();
+}
+
+Status CollectiveExecutor::Adasum(std::vector<TensorEntry>* entries) {
+  const TensorEntry& first = (*entries)[0];
+  const std::string refusal = adasum_.Refusal(first.dtype, first.compression);
+  if (!refusal.empty()) {  // every rank refuses alike
+    entry_status_ = Status::InvalidArgument(refusal);
+    return Status::OK();
+  }
+  std::vector<TensorSpan> spans;
+  std::vector<int64_t> counts;
+  for (const TensorEntry& e : *entries) {
+    const int64_t count = NumElements(e.shape);
+    if (count == 0) continue;
+    spans.push_back({e.input, e.output, count});
+    counts.push_back(count);
+  }
+  if (spans.empty()) return Status::OK();
+  // Inputs stay the caller's, so the tensors are combined in the fusion buffer.
+  const SpanStaging tensors(std::move(spans), first.dtype, first.dtype, first.prescale, first.postscale);
+  uint8_t* buffer = FusionBuffer(tensors.wire_bytes());
+  auto t0 = Timeline::Clock::now();
+  tensors.StageIn(0, tensors.count(), buffer);
+  Trace("COPY_IN_FUSION_BUFFER", t0);
+  t0 = Timeline::Clock::now();
+  SMDIST_RETURN_IF_ERROR(adasum_.Reduce(first.dtype, counts, buffer));
+  Trace("ADASUM", t0);
+  t0 = Timeline::Clock::now();
+  tensors.StageOut(0, tensors.count(), buffer);
+  Trace("COPY_OUT_FUSION_BUFFER", t0);
   return Status::OK();
 }
 
@@ -308,6 +340,10 @@ Status CollectiveExecutor::Reducescatter(TensorEntry* e) {
   const int size = topology_.size;
   const int64_t row = RowElements(e->shape);
   const size_t elem = DataTypeSize(e->dtype);
+  if (e->reduce_op == ReduceOp::kAdasum) {  // every rank refuses alike
+    entry_status_ = Status::InvalidArgument("reducescatter does not take Adasum; it is an allreduce op");
+    return Status::OK();
+  }
   std::vector<int64_t> counts(size);
   int64_t total = 0;
   for (int r = 0; r < size; ++r) {

@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "adasum_allreduce.h"
 #include "common/cuda_runtime.h"
 #include "common/tensor_entry.h"
 #include "control/fusion_planner.h"
@@ -29,7 +30,8 @@ class CollectiveExecutor {
         data_plane_(std::move(data_plane)),
         planner_(planner),
         timeline_(timeline),
-        process_set_id_(process_set_id) {}
+        process_set_id_(process_set_id),
+        adasum_(topology, data_plane_) {}
 
   // `entries` are this rank's entries for `response.names`, in that order.
   // Completes every entry (calls done). Returns a transport failure, after
@@ -56,6 +58,8 @@ class CollectiveExecutor {
   Status Allreduce(std::vector<TensorEntry>* entries);
   // One step of the planner's plan over `spans` (the step's non-empty tensors).
   Status AllreduceStep(const AllreduceStep& step, const TensorEntry& first, std::vector<TensorSpan> spans);
+  // An Adasum response: packed in host memory, combined there (adasum_allreduce.h).
+  Status Adasum(std::vector<TensorEntry>* entries);
   Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims);
   Status Broadcast(TensorEntry* entry);
   Status Alltoall(TensorEntry* entry, const std::vector<int64_t>& split_matrix);
@@ -107,6 +111,7 @@ class CollectiveExecutor {
   // Ranks whose data the current response reduces: Average divides by this
   // (ranks inside join() take part without contributing).
   int contributors_ = 1;
+  AdasumAllreduce adasum_;
 };
 
 }  // namespace smdist

@@ -3,9 +3,9 @@
 A `tf.function` step with `hvd.DistributedGradientTape`, rank 0's model and optimizer state
 broadcast after the first step, `timeit` iterations on random images. The one Keras 3 change
 Horovod's example needs is marked: `opt.variables` is a list in Keras 3, a method in Keras 2.
-Run with:
+Run with (``--use-adasum``: gradients combined with Adasum, docs/api.md#adasum):
 
-    smdistrun -np 2 python examples/horovod_compat/tensorflow2_synthetic_benchmark.py
+    smdistrun -np 2 python examples/horovod_compat/tensorflow2_synthetic_benchmark.py [--use-adasum]
 """
 
 import argparse
@@ -19,6 +19,7 @@ import smdist_tf as hvd  # was: import horovod.tensorflow as hvd
 
 parser = argparse.ArgumentParser(description="TensorFlow 2 synthetic benchmark")
 parser.add_argument("--fp16-allreduce", action="store_true", default=False, help="fp16 compression in allreduce")
+parser.add_argument("--use-adasum", action="store_true", default=False, help="combine gradients with Adasum")
 parser.add_argument("--batch-size", type=int, default=16, help="input batch size")
 parser.add_argument("--num-warmup-batches", type=int, default=2, help="batches before timing")
 parser.add_argument("--num-batches-per-iter", type=int, default=3, help="batches per timed iteration")
@@ -46,7 +47,7 @@ def benchmark_step(first_batch):
     with tf.GradientTape() as tape:
         probs = model(data, training=True)
         loss = loss_fn(target, probs)
-    tape = hvd.DistributedGradientTape(tape, compression=compression)
+    tape = hvd.DistributedGradientTape(tape, compression=compression, op=hvd.Adasum if args.use_adasum else hvd.Average)
     gradients = tape.gradient(loss, model.trainable_variables)
     opt.apply_gradients(zip(gradients, model.trainable_variables))
     if first_batch:

@@ -38,7 +38,7 @@ def allreduce(
         average: deprecated; ``True`` means ``op=Average``, ``False`` means ``op=Sum``.
         prescale_factor: multiplies the input before the reduction.
         postscale_factor: multiplies the result after the reduction (and averaging).
-        op: ``Average`` (when ``None``), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        op: ``Average`` (when ``None``), ``Sum``, ``Adasum``, ``Min``, ``Max`` or ``Product``.
         compression: ``Compression.none``, ``.fp16``, ``.bf16`` or ``.int8``.
         process_set: reduce over this ``ProcessSet`` only (``None``: all ranks).
 

@@ -144,7 +144,7 @@ def DistributedOptimizer(
         compression: ``Compression.none``, ``.fp16``, ``.bf16`` or ``.int8``.
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before reducing.
         gradient_predivide_factor: with ``Average``, divide before the sum and after by ``size()/factor``.
-        op: ``Average`` or ``Sum``.
+        op: ``Average``, ``Sum`` or ``Adasum`` (not with ``shard_optimizer_state``/``shard_gradients``).
         backward_passes_per_step: accumulate this many local gradients before one reduction and update.
         average_aggregated_gradients: divide the accumulated gradients by ``backward_passes_per_step``.
         num_groups: split the gradients into this many fused requests (0: one).

@@ -45,7 +45,7 @@ def PartialDistributedOptimizer(
         compression: ``Compression.none``, ``.fp16``, ``.bf16`` or ``.int8``.
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before reducing.
         gradient_predivide_factor: as for ``DistributedOptimizer``.
-        op: ``Average`` or ``Sum``.
+        op: ``Average``, ``Sum`` or ``Adasum``.
         backward_passes_per_step: accumulate this many local gradients before each update.
         average_aggregated_gradients: divide the accumulated gradients by ``backward_passes_per_step``.
         groups: explicit grouping of variables into fused requests.

@@ -37,7 +37,7 @@ from smdist_tf.collectives import allgather, allreduce, reducescatter
 from smdist_tf.compression import Compression
 from smdist_tf.gradient_reducer import GradientReducer
 from smdist_tf.process_sets import ProcessSet
-from smdist_tf.reduce_ops import Average, Sum
+from smdist_tf.reduce_ops import Adasum, Average, Sum
 from smdist_tf.runtime import rank, size
 from smdist_tf.sharding.layout import ShardLayout
 
@@ -82,8 +82,11 @@ class ShardingSettings:
         """The settings that reduce-scatter as ``reducer`` would reduce (``DistributedOptimizer``, the tape).
 
         Raises:
-            ValueError: ``reducer`` compresses: a reduce-scatter has no wire compression.
+            ValueError: ``reducer`` compresses (a reduce-scatter has no wire compression) or uses Adasum.
         """
+        if reducer.op == Adasum:
+            raise ValueError("optimizer-state sharding reduce-scatters gradients, and Adasum is an allreduce op; "
+                             "use op=Average or op=Sum with sharding")
         if reducer.compression is not Compression.none:
             raise ValueError("optimizer-state sharding: reduce-scatter has no wire compression; use Compression.none")
         prescale, postscale = reducer.scale_factors

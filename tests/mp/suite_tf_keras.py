@@ -17,6 +17,7 @@ import tf_keras
 
 import smdist_tf as sd
 import smdist_tf.keras as sk
+from tests.mp.adasum_reference import adasum
 from tests.mp.sync_assertions import SyncAssertions
 
 PER_RANK_BATCH = 8
@@ -107,6 +108,20 @@ class TfKerasTest(SyncAssertions):
             rows = slice(i * PER_RANK_BATCH, (i + 1) * PER_RANK_BATCH)
             step(self.x[rows], self.y[rows])
         self.assertAllClose(flat(model.get_weights()), reference_weights(tf_keras.optimizers.SGD(0.1), self.size),
+                            rtol=1e-5, atol=1e-6)
+
+    def test_distributed_optimizer_with_adasum_applies_the_adasum_of_the_gradients(self):
+        lr, x, y = 0.1, self.x[:PER_RANK_BATCH], self.y[:PER_RANK_BATCH]
+        model = make_model()
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        # Every rank's local gradients, combined per variable by the NumPy reference.
+        expected = [adasum(list(sd.allgather(g[tf.newaxis]).numpy()), tf.float32)
+                    for g in tape.gradient(loss, model.trainable_variables)]
+        before = model.get_weights()
+        model.compile(optimizer=sk.DistributedOptimizer(tf_keras.optimizers.SGD(lr), op=sd.Adasum), loss="mse")
+        model.train_on_batch(x, y)
+        self.assertAllClose(flat(model.get_weights()), flat([w - lr * g for w, g in zip(before, expected)]),
                             rtol=1e-5, atol=1e-6)
 
     def test_partial_distributed_optimizer_keeps_local_layers_local(self):

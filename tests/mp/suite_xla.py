@@ -22,6 +22,7 @@ import tensorflow as tf
 import smdist_tf as sd
 import smdist_tf.keras as sk
 from smdist_tf import _runtime as _rt
+from tests.mp.adasum_reference import adasum
 from tests.mp.rank_counts import at_two_ranks_only
 from tests.mp.sync_assertions import SyncAssertions
 
@@ -140,6 +141,11 @@ class XlaTest(SyncAssertions):
         got_scaled, got_compressed = scaled(x)
         self.assertAllClose(got_scaled, total * 1.5)
         self.assertAllClose(got_compressed, total / size, rtol=1e-3)
+
+    def test_adasum_equals_the_pairwise_reference(self):
+        values = [rank_values(r) * (r + 1) for r in range(sd.size())]
+        compiled = tf.function(lambda t: sd.allreduce(t, op=sd.Adasum, name="adasum"), jit_compile=True)
+        self.assertAllClose(compiled(tf.constant(values[sd.rank()])), adasum(values), rtol=1e-12, atol=1e-12)
 
     def test_process_set(self):
         size, rank = sd.size(), sd.rank()

@@ -78,6 +78,7 @@ const char* ReduceOpName(ReduceOp op) {
   switch (op) {
     case ReduceOp::kAverage: return "Average";
     case ReduceOp::kSum: return "Sum";
+    case ReduceOp::kAdasum: return "Adasum";
     case ReduceOp::kMin: return "Min";
     case ReduceOp::kMax: return "Max";
     case ReduceOp::kProduct: return "Product";
@@ -104,7 +105,7 @@ bool IsFloatingPoint(DataType dtype) {
 }
 
 bool IsValidReduceOp(int32_t op) {
-  return op == 0 || op == 1 || op == 3 || op == 4 || op == 5;
+  return op >= 0 && op <= 5;
 }
 
 int64_t NumElements(const std::vector<int64_t>& shape) {

@@ -26,6 +26,7 @@ enum class DataType : int32_t {
 enum class ReduceOp : int32_t {
   kAverage = 0,
   kSum = 1,
+  kAdasum = 2,  // adasum_allreduce.h; allreduce only
   kMin = 3,
   kMax = 4,
   kProduct = 5,

@@ -15,6 +15,7 @@ constexpr uint8_t kBootstrapOk = 1;
 // the wire, and scaling NCCL can fold in (PreMulSum: Sum and Average of
 // floating-point tensors).
 bool ReducibleInPlace(const CollectiveWork& work) {
+  if (work.op == ReduceOp::kAdasum) return false;  // host-staged (adasum_allreduce.h)
   NcclDataType type;
   if (!NcclLibrary::TypeOf(work.dtype, &type) || work.wire != work.dtype) return false;
   const bool scaled = work.prescaled || work.postscaled;
