@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from pathlib import Path
 
 import pytest
 
-OPTIONAL_PACKAGES = str(Path(__file__).resolve().parents[1] / ".venv" / "optional")
+from tests.optional_packages import OPTIONAL_PACKAGES
+
 _INHERITED_PATH = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                    if entry and entry != OPTIONAL_PACKAGES]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 import smdist_tf
+from tests.optional_packages import OPTIONAL_PACKAGES
 from tests.process_group import run_process_group  # noqa: F401 - the suites' entry point too
 from smdist_tf.run.session_dir import BASE_VARIABLE, private_session_base
 
@@ -32,10 +33,10 @@ def mpi_env(extra: dict | None = None) -> dict:
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
         TF_CPP_MIN_LOG_LEVEL="2",
-        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
         PYTHONUNBUFFERED="1",
     )
     env.update(extra or {})
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
@@ -95,8 +96,10 @@ class SharedJob:
         """Fails unless every rank ran ``suites`` in this job at ``np`` ranks with tests passing and none failing."""
         if np not in self.results:
             paths = [str(MP_DIR / suite) for suite in self.suites]
+            # Some suites load scikit-learn's digits, whichever driver starts the job.
+            env = {**(self.env or {}), "PYTHONPATH": OPTIONAL_PACKAGES + os.pathsep + os.environ.get("PYTHONPATH", "")}
             self.results[np] = run_under_mpi(np, ["-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", "--color=no",
-                                                  "-W", "ignore::DeprecationWarning"], self.timeout, self.env)
+                                                  "-W", "ignore::DeprecationWarning"], self.timeout, env)
         code, out = self.results[np]
         problems = []
         for suite in suites:

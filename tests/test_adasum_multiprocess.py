@@ -7,8 +7,6 @@ import pytest
 from tests.mp.adasum_reference import adasum, adasum_pair
 from tests.mpi_harness import PLAIN_JOB
 
-pytestmark = pytest.mark.optional_packages  # the plain job's suites load scikit-learn's digits and the examples
-
 ADASUM = PLAIN_JOB.add("suite_adasum.py", timeout=240)  # one job with the other plain suites
 
 

@@ -4,8 +4,6 @@ import pytest
 
 from tests.mpi_harness import PLAIN_JOB
 
-pytestmark = pytest.mark.optional_packages  # the plain job's suites load scikit-learn's digits and the examples
-
 COLLECTIVES = PLAIN_JOB.add("suite_collectives.py", timeout=600)  # one job with the other plain suites
 ERRORS = PLAIN_JOB.add(["suite_errors.py", "suite_fusion.py", "suite_intra_host.py"], timeout=600)
 

@@ -4,8 +4,6 @@ import pytest
 
 from tests.mpi_harness import STALL_SHUTDOWN_JOB
 
-pytestmark = pytest.mark.optional_packages  # the stall-shutdown job's uneven-data suite loads scikit-learn's digits
-
 BUCKETS = STALL_SHUTDOWN_JOB.add("suite_gradient_buckets.py", timeout=450)  # one job with the other such suites
 
 

@@ -4,8 +4,6 @@ import pytest
 
 from tests.mpi_harness import PLAIN_JOB
 
-pytestmark = pytest.mark.optional_packages  # the plain job's suites load scikit-learn's digits and the examples
-
 INT8 = PLAIN_JOB.add("suite_int8_compression.py", timeout=420)  # one job with the other plain suites
 
 

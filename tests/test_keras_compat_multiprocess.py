@@ -14,7 +14,7 @@ import pytest
 
 from tests.mpi_harness import PLAIN_JOB, ROOT, mpi_env, run_process_group
 
-pytestmark = pytest.mark.optional_packages  # the plain job's suites and Horovod's keras_mnist example load scikit-learn's digits
+pytestmark = pytest.mark.optional_packages  # the examples load scikit-learn's digits
 
 EXAMPLE = "examples/horovod_compat/keras_mnist.py"
 HOROVOD_KERAS_NAMES = (

@@ -9,7 +9,7 @@ import pytest
 
 from tests.mpi_harness import PLAIN_JOB, run_under_mpi
 
-pytestmark = pytest.mark.optional_packages  # the plain job's suites and the examples load scikit-learn's digits
+pytestmark = pytest.mark.optional_packages  # the examples load scikit-learn's digits
 
 KERAS = PLAIN_JOB.add(["suite_keras.py", "suite_keras_distribution.py"], timeout=600)  # one job with the other plain suites
 

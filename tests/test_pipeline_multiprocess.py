@@ -6,7 +6,7 @@ import pytest
 
 from tests.mpi_harness import PLAIN_JOB, run_under_mpi
 
-pytestmark = pytest.mark.optional_packages  # the plain job's suites and the example load scikit-learn's digits
+pytestmark = pytest.mark.optional_packages  # the examples load scikit-learn's digits
 
 PIPELINE = PLAIN_JOB.add("suite_pipeline.py", timeout=480)  # one job with the other plain suites
 

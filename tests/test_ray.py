@@ -62,7 +62,8 @@ def executor():
 
 def test_the_keras_example_gives_the_weights_of_the_same_training_under_smdistrun(executor, tmp_path):
     """examples/ray_keras.py (a fit under DataParallelStrategy in executor.run) joins the test's cluster."""
-    env = {**os.environ, "RAY_ADDRESS": executor.ray_address, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "RAY_ADDRESS": executor.ray_address,
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ["PYTHONPATH"]}  # the example's scikit-learn
     under_ray, under_smdistrun = tmp_path / "ray.npz", tmp_path / "smdistrun.npz"
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "ray_keras.py"), "--save-weights", str(under_ray)],
                           capture_output=True, text=True, timeout=150, cwd=ROOT, env=env)

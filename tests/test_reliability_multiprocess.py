@@ -5,8 +5,6 @@ import pytest
 
 from tests.mpi_harness import PLAIN_JOB
 
-pytestmark = pytest.mark.optional_packages  # the plain job's suites load scikit-learn's digits and the examples
-
 RELIABILITY = PLAIN_JOB.add("suite_reliability.py", timeout=600)  # one job with the other plain suites
 
 

@@ -9,7 +9,6 @@ from tests.mpi_harness import STALL_SHUTDOWN_JOB, run_under_mpi
 SHARDING = STALL_SHUTDOWN_JOB.add("suite_sharding.py", timeout=900)  # one job with the other such suites
 
 
-@pytest.mark.optional_packages  # the stall-shutdown job's uneven-data suite loads scikit-learn's digits
 @pytest.mark.parametrize("np", [2, 4])
 def test_sharding_suite(np):
     STALL_SHUTDOWN_JOB.run(SHARDING, np)

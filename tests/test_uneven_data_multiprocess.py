@@ -8,8 +8,6 @@ import pytest
 
 from tests.mpi_harness import STALL_SHUTDOWN_JOB
 
-pytestmark = pytest.mark.optional_packages  # the suite loads scikit-learn's digits
-
 UNEVEN = STALL_SHUTDOWN_JOB.add("suite_uneven_data.py", timeout=600)  # one job with the other such suites
 
 

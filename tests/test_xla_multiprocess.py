@@ -8,7 +8,6 @@ from tests.mpi_harness import STALL_SHUTDOWN_JOB, run_under_mpi
 XLA = STALL_SHUTDOWN_JOB.add("suite_xla.py", timeout=600)  # one job with the other such suites
 
 
-@pytest.mark.optional_packages  # the stall-shutdown job's uneven-data suite loads scikit-learn's digits
 @pytest.mark.parametrize("np", [2, 4])
 def test_xla_suite(np):
     STALL_SHUTDOWN_JOB.run(XLA, np)
