@@ -4,6 +4,9 @@
 interrupts it after a time limit. SIGINT is what a user's Ctrl-C sends: the job's MPI processes are
 stopped on it, so a hung job ends the test instead of hanging it.
 
+``@pytest.mark.background_build(NAME)``: the test waits for a build that tests/background_builds.py
+started, niced, when collection ended (in the CPU time the other tests leave idle).
+
 ``@pytest.mark.optional_packages``: only the processes a test marked so starts see .venv/optional
 (scikit-learn and JAX, requirements-optional.txt) on ``PYTHONPATH``. Keras and TensorFlow import both
 whenever they can, 2-3 s of CPU per process, and the library needs neither: the other tests' ranks
@@ -18,6 +21,7 @@ import threading
 
 import pytest
 
+from tests import background_builds
 from tests.optional_packages import OPTIONAL_PACKAGES
 
 _INHERITED_PATH = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
@@ -27,6 +31,17 @@ _INHERITED_PATH = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.
 def pytest_configure(config):
     config.addinivalue_line("markers", "optional_packages: the processes this test starts may import "
                                        "scikit-learn and JAX (.venv/optional): it runs examples, docs or JAX")
+    config.addinivalue_line("markers", "background_build(name): the test uses the build of that name "
+                                       "(tests/background_builds.py), started niced when collection ends")
+
+
+def pytest_collection_finish(session):
+    if not session.config.option.collectonly:
+        background_builds.start_for(session.items)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    background_builds.stop_all()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -13,8 +13,9 @@ def test_allreduce_sum():
     assert out.numpy().tolist() == [3.0]
 
 
-@pytest.mark.distributed(np=4, env={"KIT_FLAG": "on"})
-@pytest.mark.parametrize("root", [0, 3])
+# docs/testing.md's example runs marked functions at 4 ranks.
+@pytest.mark.distributed(np=2, env={"KIT_FLAG": "on"})
+@pytest.mark.parametrize("root", [0, 1])
 def test_broadcast_parametrized(root):
     import os
 
