@@ -1,4 +1,5 @@
-"""op=Adasum: the engine's vector-halving Adasum against the NumPy pairwise reference, and its errors.
+"""op=Adasum: the engine's vector-halving Adasum against the NumPy pairwise reference, and its errors; and
+DataParallelStrategy(gradient_op=Adasum) against a DistributedGradientTape(op=Adasum) loop on the same per-rank batches.
 
 Run on every rank by tests/test_adasum_multiprocess.py (in the shared plain job; under XLA in suite_xla.py,
 with tf-keras in suite_tf_keras.py, whose jobs pay those start-ups already). Inputs are
