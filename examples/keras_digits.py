@@ -6,6 +6,7 @@ one fused allreduce, and the logs Keras returns are global. Run with:
 
     smdistrun -np 2 python examples/keras_digits.py
     smdistrun -np 2 python examples/keras_digits.py --jit-compile   # the train step compiled by XLA
+    smdistrun -np 4 python examples/keras_digits.py --adasum        # gradients combined with Adasum
 """
 
 from __future__ import annotations
@@ -43,9 +44,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="global batch, split over the ranks")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--jit-compile", action="store_true", help="compile the steps with XLA (docs/xla.md)")
+    parser.add_argument("--adasum", action="store_true",
+                        help="combine the gradients with Adasum, not their average (power-of-two ranks; docs/api.md#adasum)")
     args = parser.parse_args()
 
-    strategy = sd.DataParallelStrategy()  # initialises smdist_tf if needed
+    # Initialises smdist_tf if needed. Only the gradients use Adasum: the logs stay global averages.
+    strategy = sd.DataParallelStrategy(gradient_op=sd.Adasum if args.adasum else sd.Average)
     rank, size = sd.rank(), sd.size()
     keras.utils.set_random_seed(1234 + rank)  # different per rank on purpose: the strategy broadcasts rank 0's weights
     x_train, x_test, y_train, y_test = load_data()

@@ -72,7 +72,11 @@ The other reaches, by the module that makes them:
   loops above, ``keras.optimizers.LossScaleOptimizer.check_finite`` (keras/loss_scale.py),
   ``keras.Model.predict_on_batch`` (keras/predict_on_batch.py) and
   ``keras.optimizers.Optimizer.__init__`` (sharding/strategy_hook.py, which reads the new
-  optimizer's ``_distribution_strategy``).
+  optimizer's ``_distribution_strategy``); and one private method,
+  ``keras.optimizers.Optimizer._all_reduce_sum_gradients`` (inherited from ``TFOptimizer``;
+  keras/strategy_gradients.py, which reads ``_distribution_strategy`` too): Keras 3.15's
+  ``TFOptimizer._backend_update_step`` calls it with the ``(gradient, variable)`` pairs, and it
+  alone reduces an optimizer's gradients under a strategy (the replica context's ``all_reduce(SUM)``).
 * Optimizer-state sharding (smdist_tf/sharding/) puts a mixin in front of an optimizer's
   class (assigning ``__class__``) that overrides Keras' ``_clip_gradients``,
   ``_backend_update_step``, ``_backend_apply_gradients`` and TensorFlow's

@@ -19,3 +19,8 @@ class OneReplicaPerRank:
     def process_set(self) -> Optional[ProcessSet]:
         """The ``ProcessSet`` the strategy trains over, or ``None`` for all ranks."""
         raise NotImplementedError
+
+    @property
+    def gradient_op(self) -> int:
+        """How the optimizer's gradients are combined: ``Average`` or ``Adasum`` (``smdist_tf.reduce_ops``)."""
+        raise NotImplementedError

@@ -277,6 +277,26 @@ class InternalReachesTest(tf.test.TestCase):
         self.assertEqual([tuple(a.shape) for a in optimizer._accumulated_gradients], [(3,)])
         self.assertEqual(int(optimizer._iterations.numpy()), 0)
 
+    def test_keras_reduces_an_optimizers_gradients_in_one_call_adasum_replaces(self):
+        # smdist_tf/keras/strategy_gradients.py wraps it on keras.optimizers.Optimizer (TFOptimizer's).
+        optimizer = keras.optimizers.SGD(0.5)
+        variable = keras.Variable(np.ones(2, np.float32))
+        seen = []
+        keras_sum = optimizer._all_reduce_sum_gradients
+
+        def recording(grads_and_vars):
+            pairs = list(grads_and_vars)
+            seen.append([(np.asarray(g), v) for g, v in pairs])
+            return keras_sum(pairs)
+
+        optimizer._all_reduce_sum_gradients = recording  # the update step calls it on the optimizer
+        optimizer.apply([tf.constant([2.0, 4.0])], [variable])
+        self.assertLen(seen, 1)
+        (grad, var), = seen[0]
+        self.assertAllEqual(grad, [2.0, 4.0])
+        self.assertIs(var, variable.value)
+        self.assertAllClose(variable.numpy(), [0.0, -1.0])
+
     def test_no_other_module_imports_keras_or_tensorflow_internals(self):
         importing = re.compile(r"^\s*(from|import)\s+(keras\.src|tf_keras\.src|tensorflow\.python)\b", re.M)
         for path in sorted((ROOT / "smdist_tf").rglob("*.py")):

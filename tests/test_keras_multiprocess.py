@@ -19,10 +19,10 @@ def test_keras_suite(np):
     PLAIN_JOB.run(KERAS, np)
 
 
-# At 2 ranks the example runs compiled by XLA, below.
-@pytest.mark.parametrize("np", [1, 4])
-def test_keras_digits_example(np):
-    code, out = run_under_mpi(np, ["examples/keras_digits.py", "--epochs", "8"], timeout=400)
+# At 2 ranks the example runs compiled by XLA, below; at 4 with Adasum, where its pairs form a tree.
+@pytest.mark.parametrize("np,flags", [(1, []), (4, ["--adasum"])])
+def test_keras_digits_example(np, flags):
+    code, out = run_under_mpi(np, ["examples/keras_digits.py", "--epochs", "8", *flags], timeout=400)
     assert code == 0, out[-5000:]
     epochs = re.findall(r"epoch +\d+: loss ([\d.]+)  accuracy ([\d.]+)", out)
     assert len(epochs) == 8, out[-3000:]

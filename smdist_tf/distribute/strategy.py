@@ -8,12 +8,13 @@ import tensorflow as tf
 
 from smdist_tf import _compat, process_sets as _process_sets
 from smdist_tf.compression import Compression, Compressor
-from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps
+from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps, group_size
 from smdist_tf.distribute.extended import DataParallelExtended
 from smdist_tf.keras.patches import install_keras_patches
+from smdist_tf.keras.strategy_gradients import validated_gradient_op
 from smdist_tf.keras_api import keras_api, require_keras_3, uses_tf_keras
 from smdist_tf.process_sets import ProcessSet
-from smdist_tf.reduce_ops import Sum
+from smdist_tf.reduce_ops import Average, Sum
 from smdist_tf.initialization import init
 from smdist_tf.runtime import is_initialized, rank
 from smdist_tf.sharding.optimizer import ShardingSettings
@@ -57,15 +58,22 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
             Save with ``smdist_tf.distribute.save_on_rank_zero`` on every rank.
         shard_gradients: ZeRO stage 2 (implies stage 1): gradient-accumulation
             buffers (``gradient_accumulation_steps``) are sharded too.
+        gradient_op: how the optimizer combines the ranks' gradients, as ``op`` of
+            Horovod's ``DistributedOptimizer``: ``Average`` (the global mean gradient) or
+            ``Adasum`` (the Adasum of each rank's gradient of its own batch; Keras 3, a
+            power-of-two number of replicas, no compression or sharding; see
+            docs/api.md#adasum). Metrics, losses, ``strategy.reduce`` and BatchNorm
+            statistics are reduced as always.
 
     Raises:
         ValueError: when this rank is not a member of ``process_set`` or it is not
-            registered, or sharding is asked for together with compression.
+            registered, sharding is asked for together with compression, or
+            ``gradient_op`` is not one the strategy can use here.
     """
 
     def __init__(self, compression: type[Compressor] = Compression.none, progress_on_rank_zero_only: bool = True,
                  process_set: Optional[ProcessSet] = None, shard_optimizer_state: bool = False,
-                 shard_gradients: bool = False) -> None:
+                 shard_gradients: bool = False, gradient_op: int = Average) -> None:
         if not is_initialized():
             init()
         self._sharding = None
@@ -82,6 +90,8 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
                 raise ValueError(f"rank {rank()} is not a member of {process_set}: only its members may use "
                                  "DataParallelStrategy(process_set=...)")
         self._process_set = process_set
+        self._gradient_op = validated_gradient_op(gradient_op, compression, group_size(process_set),
+                                                  sharded=self._sharding is not None)
         tf.distribute.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression, process_set)))
         install_keras_patches()
         first_replica = (rank() if process_set is None else process_set.rank()) == 0
@@ -93,6 +103,11 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
     def process_set(self) -> Optional[ProcessSet]:
         """The ``ProcessSet`` this strategy trains over, or ``None`` for all ranks."""
         return self._process_set
+
+    @property
+    def gradient_op(self) -> int:
+        """How the optimizer combines the ranks' gradients: ``Average`` or ``Adasum``."""
+        return self._gradient_op
 
     @property
     def sharding_settings(self) -> Any:

@@ -20,6 +20,7 @@ from smdist_tf.keras.distribution_activation import patch_distribution_activatio
 from smdist_tf.keras.distribution_backend import patch_backend_distribution_lib
 from smdist_tf.keras.loss_scale import patch_check_finite
 from smdist_tf.keras.predict_on_batch import patch_predict_on_batch
+from smdist_tf.keras.strategy_gradients import patch_gradient_reduction
 from smdist_tf.keras.uneven_data import patch_training_loops
 from smdist_tf.keras_api import uses_tf_keras
 from smdist_tf.sharding.strategy_hook import patch_optimizer_creation
@@ -64,6 +65,11 @@ PATCHES = (
         "an optimizer made in a sharding DataParallelStrategy's scope (compile('adam'), load_model) must be "
         "sharded before anything builds it (smdist_tf/sharding/strategy_hook.py)",
         patch_optimizer_creation, keras_3_only=True),
+    KerasPatch(
+        "keras.optimizers.Optimizer._all_reduce_sum_gradients (TFOptimizer's, private)",
+        "DataParallelStrategy(gradient_op=Adasum) would sum the gradients: there Keras reduces them alone, so they "
+        "are combined with Adasum, everything else as before (smdist_tf/keras/strategy_gradients.py)",
+        patch_gradient_reduction, keras_3_only=True),
 )
 
 KERAS_DISTRIBUTION_PATCHES = (

@@ -1,4 +1,5 @@
-"""op=Adasum: the engine's vector-halving Adasum against the NumPy pairwise reference, and its errors.
+"""op=Adasum: the engine's vector-halving Adasum against the NumPy pairwise reference, and its errors; and
+DataParallelStrategy(gradient_op=Adasum) against a DistributedGradientTape(op=Adasum) loop on the same per-rank batches.
 
 Run on every rank by tests/test_adasum_multiprocess.py (in the shared plain job; under XLA in suite_xla.py,
 with tf-keras in suite_tf_keras.py, whose jobs pay those start-ups already). Inputs are
@@ -140,16 +141,31 @@ class AdasumErrorTest(SyncAssertions):
 
     @pytest.mark.skipif(SIZE < 4, reason="a set of 3 ranks and a second set of 2 need 4 ranks")
     def test_process_sets_of_two_ranks_work_and_of_three_fail_on_every_member(self):
-        three, two = sd.ProcessSet([0, 1, 2]), sd.ProcessSet([1, 3])
-        restart_engine(process_sets=[three, two])
+        three, two, other_two = sd.ProcessSet([0, 1, 2]), sd.ProcessSet([1, 3]), sd.ProcessSet([0, 2])
+        restart_engine(process_sets=[three, two, other_two])
         try:
             values = every_rank((5,), seed=13)
+            grads = every_ranks_gradients(dense_model())  # on every rank, before the sets go their ways
             if three.included():
                 with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "power-of-two number of ranks.*has 3"):
                     sd.allreduce(tf.constant(values[RANK]), op=sd.Adasum, process_set=three, name="adasum.set3")
+                with self.assertRaisesRegex(ValueError, "power-of-two number of replicas; this one has 3"):
+                    sd.DataParallelStrategy(process_set=three, gradient_op=sd.Adasum)
             if two.included():
                 out = sd.allreduce(tf.constant(values[RANK]), op=sd.Adasum, process_set=two, name="adasum.set2")
                 self.assertAllClose(out, adasum([values[1], values[3]]), rtol=1e-12, atol=1e-12)
+            # A strategy over each set of two, side by side: one step applies the Adasum of the members' own
+            # gradients. Every rank builds a model, so Keras names the later models alike on every rank (graph
+            # collectives are matched by node names).
+            pair = two if two.included() else other_two
+            strategy = sd.DataParallelStrategy(process_set=pair, gradient_op=sd.Adasum)
+            with strategy.scope():
+                model = dense_model()
+                model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+            before = [w.numpy() for w in model.trainable_variables]
+            model.train_on_batch(*rank_batch())
+            for w, w0, g in zip(model.trainable_variables, before, grads):
+                self.assertAllClose(w, w0 - 0.1 * adasum([g[r] for r in pair.ranks], tf.float32), rtol=1e-5, atol=1e-6)
             sd.barrier()
         finally:
             restart_engine()
@@ -206,3 +222,93 @@ class AdasumTrainingTest(SyncAssertions):
         for w, w0, g in zip(model.trainable_variables, before, expected):
             self.assertAllClose(w, w0 - lr * g, rtol=1e-5, atol=1e-6)
             self.assert_identical_on_all_ranks(w.numpy().ravel())
+
+
+STEPS, LOCAL_BATCH, VOCABULARY, LR = 3, 4, 6, 0.1
+
+
+def embedding_model() -> keras.Model:
+    """An embedding (sparse gradients, which Adasum takes dense) and two dense layers, alike on every rank."""
+    model = keras.Sequential([keras.Input((2,), dtype="int32"), keras.layers.Embedding(VOCABULARY, 3),
+                              keras.layers.Flatten(), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(2)])
+    model.set_weights([rank_values(0, w.shape, tf.float32, seed=60 + i) / 4 for i, w in enumerate(model.weights)])
+    return model
+
+
+def rank_rows(rank: int) -> tuple:
+    """Rank ``rank``'s ``STEPS`` batches of ``LOCAL_BATCH`` rows, as one array each of ids and targets."""
+    ids = np.random.default_rng(70 + rank).integers(0, VOCABULARY, (STEPS * LOCAL_BATCH, 2)).astype(np.int32)
+    return ids, rank_values(rank, (STEPS * LOCAL_BATCH, 2), tf.float32, seed=71)
+
+
+class SamplesSeen(keras.metrics.Metric):
+    """The number of samples seen: every rank's, summed, under a strategy (Adasum of equal counts gives one's)."""
+
+    def __init__(self, name: str = "samples") -> None:
+        super().__init__(name=name)
+        self.count = self.add_variable((), initializer="zeros", aggregation="sum", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.count.assign_add(tf.cast(tf.shape(y_true)[0], self.dtype))
+
+    def result(self):
+        return tf.convert_to_tensor(self.count)
+
+
+def train_with_a_distributed_tape(op: int) -> tuple:
+    """A custom loop over this rank's batches with ``DistributedGradientTape(op=op)``: the model and, per step,
+    this rank's loss and mean absolute error."""
+    model, optimizer = embedding_model(), keras.optimizers.SGD(LR)
+    ids, targets = rank_rows(RANK)
+
+    def step(x, y):  # eagerly: cheaper than tracing for a few steps
+        with tf.GradientTape() as tape:
+            prediction = model(x)
+            loss = keras.losses.MeanSquaredError()(y, prediction)
+        tape = sd.DistributedGradientTape(tape, op=op, sparse_as_dense=True)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss, tf.reduce_mean(tf.abs(y - prediction))
+
+    logs = [step(ids[i * LOCAL_BATCH:(i + 1) * LOCAL_BATCH], targets[i * LOCAL_BATCH:(i + 1) * LOCAL_BATCH])
+            for i in range(STEPS)]
+    return model, np.array([[float(loss), float(mae)] for loss, mae in logs])
+
+
+def flat_weights(model: keras.Model) -> np.ndarray:
+    return np.concatenate([w.ravel() for w in model.get_weights()])
+
+
+class AdasumStrategyTest(SyncAssertions):
+    def test_fit_equals_a_distributed_tape_loop_and_keeps_global_metrics(self):
+        strategy = sd.DataParallelStrategy(gradient_op=sd.Adasum)
+        self.assertEqual(strategy.gradient_op, sd.Adasum)
+        data = strategy.distribute_datasets_from_function(
+            lambda ctx: tf.data.Dataset.from_tensor_slices(rank_rows(ctx.input_pipeline_id)).batch(LOCAL_BATCH))
+        with strategy.scope():
+            model = embedding_model()
+            model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse", metrics=["mae", SamplesSeen()])
+        history = model.fit(data, epochs=1, verbose=0).history
+        self.assert_identical_on_all_ranks(flat_weights(model))
+
+        adasum_loop, logs = train_with_a_distributed_tape(sd.Adasum)
+        self.assertAllClose(flat_weights(model), flat_weights(adasum_loop), rtol=1e-5, atol=1e-5)
+        average_loop, _ = train_with_a_distributed_tape(sd.Average)
+        self.assertNotAllClose(flat_weights(model), flat_weights(average_loop), rtol=1e-3, atol=1e-3)
+        # The logs average every rank's steps, and the sample count sums them: no Adasum there.
+        every_ranks = gather_all(logs).reshape(-1, 2)
+        self.assertAllClose([history["loss"][0], history["mae"][0]], every_ranks.mean(axis=0), rtol=1e-5, atol=1e-6)
+        self.assertEqual(history["samples"], [SIZE * STEPS * LOCAL_BATCH])
+
+    def test_the_strategy_refuses_what_its_adasum_cannot_do(self):
+        cases = [
+            (dict(gradient_op=sd.Sum), "takes Average or Adasum, not Sum"),
+            (dict(gradient_op=sd.Adasum, compression=sd.Compression.fp16), r"takes no wire compression \(FP16"),
+            (dict(gradient_op=sd.Adasum, shard_optimizer_state=True), "does not combine with shard_optimizer_state"),
+            (dict(gradient_op=sd.Adasum, shard_gradients=True), "does not combine with shard_optimizer_state"),
+        ]
+        for kwargs, message in cases:
+            with self.subTest(**{k: str(v) for k, v in kwargs.items()}):
+                with self.assertRaisesRegex(ValueError, message):
+                    sd.DataParallelStrategy(**kwargs)
+        self.assertEqual(sd.DataParallelStrategy().gradient_op, sd.Average)
+        self.assert_engine_healthy()

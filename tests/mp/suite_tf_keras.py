@@ -269,6 +269,8 @@ class TfKerasTest(SyncAssertions):
             sk.DistributedOptimizer(tf_keras.optimizers.Adam(), backward_passes_per_step=2)
         with self.assertRaisesRegex(ValueError, "needs Keras 3"):
             sd.DataParallelStrategy(shard_optimizer_state=True)
+        with self.assertRaisesRegex(ValueError, r"DataParallelStrategy\(gradient_op=Adasum\) needs Keras 3"):
+            sd.DataParallelStrategy(gradient_op=sd.Adasum)
         with self.assertRaisesRegex(ValueError, "PipelineModel needs Keras 3"):
             sk.PipelineModel(make_model, num_stages=1, num_microbatches=1)
         with self.assertRaisesRegex(ValueError, "SyncBatchNormalization needs Keras 3"):
