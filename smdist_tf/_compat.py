@@ -81,6 +81,13 @@ The other reaches, by the module that makes them:
   ``_accumulated_gradients``, ``_iterations``, ``_apply_weight_decay``,
   ``_backend_increment_gradient_accumulators``, ``_backend_reset_gradient_accumulators``
   and ``_distribution_strategy``.
+* Parameter sharding (ZeRO stage 3, smdist_tf/sharding/parameter.py and piece_optimizer.py)
+  relies on the Keras 3.15 TensorFlow ``Variable`` keeping whatever ``tf.Variable(...)``
+  returned in ``_value`` (read to find the ``ShardedParameter`` behind a weight), on
+  ``TFOptimizer._var_key`` keying a variable by ``_unique_id`` (``ShardedParameter`` gives its
+  piece's, read from the piece), and puts a mixin in front of an optimizer's class that
+  replaces ``TFOptimizer._all_reduce_sum_gradients``. The strategy's ``_create_variable``
+  (above) makes the pieces.
 * ``keras.distribution`` on the TensorFlow backend (smdist_tf/keras/distribution_backend.py,
   smdist_tf/keras/distribution_activation.py). Keras' ``keras.src.distribution.distribution_lib``
   calls the backend's module, ``keras.src.backend.distribution_lib`` (for TensorFlow

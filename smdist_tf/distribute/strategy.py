@@ -57,32 +57,41 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
             Save with ``smdist_tf.distribute.save_on_rank_zero`` on every rank.
         shard_gradients: ZeRO stage 2 (implies stage 1): gradient-accumulation
             buffers (``gradient_accumulation_steps``) are sharded too.
+        shard_parameters: ZeRO stage 3 (implies stages 1 and 2): every trainable weight
+            made in ``scope()`` keeps only this rank's 1/N piece; reads allgather it, its
+            gradient is reduce-scattered into the piece, and the optimizer updates pieces
+            (see docs/sharding.md).
 
     Raises:
         ValueError: when this rank is not a member of ``process_set`` or it is not
-            registered, or sharding is asked for together with compression.
+            registered, or sharding is asked for together with compression, or
+            parameter sharding together with a process set.
     """
 
     def __init__(self, compression: type[Compressor] = Compression.none, progress_on_rank_zero_only: bool = True,
                  process_set: Optional[ProcessSet] = None, shard_optimizer_state: bool = False,
-                 shard_gradients: bool = False) -> None:
+                 shard_gradients: bool = False, shard_parameters: bool = False) -> None:
         if not is_initialized():
             init()
         self._sharding = None
-        if shard_optimizer_state or shard_gradients:
+        if shard_parameters and process_set is not None:
+            raise ValueError("shard_parameters: a process set is not supported; shard over all ranks")
+        if shard_optimizer_state or shard_gradients or shard_parameters:
             require_keras_3("shard_optimizer_state")
             if compression is not Compression.none:
                 raise ValueError("shard_optimizer_state: reduce-scatter has no wire compression; use Compression.none")
             # Keras scales each replica's loss by 1/N under a strategy, so the gradients are summed.
-            self._sharding = ShardingSettings(shard_gradients=shard_gradients, op=Sum, process_set=process_set,
-                                              clip_reduced=False)
+            self._sharding = ShardingSettings(shard_gradients=shard_gradients or shard_parameters, op=Sum,
+                                              process_set=process_set, clip_reduced=False,
+                                              shard_parameters=shard_parameters)
         if process_set is not None:
             _process_sets.process_set_id(process_set)  # registered?
             if not process_set.included():
                 raise ValueError(f"rank {rank()} is not a member of {process_set}: only its members may use "
                                  "DataParallelStrategy(process_set=...)")
         self._process_set = process_set
-        tf.distribute.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression, process_set)))
+        tf.distribute.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression, process_set),
+                                                                   shard_parameters=shard_parameters))
         install_keras_patches()
         first_replica = (rank() if process_set is None else process_set.rank()) == 0
         if progress_on_rank_zero_only and not first_replica:
