@@ -28,5 +28,7 @@ def test_checkpoint_saved_at_one_rank_count_resumes_at_another(tmp_path):
         assert code == 0, out[-5000:]
         if mode != "save":
             assert out.count(f"resumed at {np} ranks: state equal True, weights match True") == np, out[-3000:]
+            assert out.count(f"stage 3 resumed at {np} ranks: weights equal True, trained match True") == np, \
+                out[-3000:]
         if mode != "resume":
             assert out.count(f"saved at {np} ranks") == np, out[-3000:]

@@ -15,7 +15,7 @@ import contextlib
 from typing import Any, Iterator
 
 from smdist_tf.sharding.optimizer import sharded_optimizers
-from smdist_tf.sharding.piece_optimizer import sharded_parameter
+from smdist_tf.sharding.piece_optimizer import PieceApply, sharded_parameter
 
 
 @contextlib.contextmanager
@@ -36,6 +36,9 @@ def gathered_state(obj: Any) -> Iterator[None]:
     parameters = [p for p in map(sharded_parameter, getattr(obj, "weights", [])) if p is not None]
     for parameter in parameters:
         parameter.gathered = parameter.read_value()
+    piece_optimizers = [o for o in _optimizers_of(obj) if isinstance(o, PieceApply)]
+    for optimizer in piece_optimizers:
+        optimizer.smdist_gather_slots()
     try:
         yield
     finally:
@@ -43,3 +46,14 @@ def gathered_state(obj: Any) -> Iterator[None]:
             optimizer._smdist_shards.gathered = None
         for parameter in parameters:
             parameter.gathered = None
+        for optimizer in piece_optimizers:
+            optimizer.smdist_release_slots()
+
+
+def _optimizers_of(obj: Any) -> list:
+    """A model's or optimizer's optimizer and those inside it (a LossScaleOptimizer's)."""
+    optimizer, found = getattr(obj, "optimizer", obj), []
+    while optimizer is not None:
+        found.append(optimizer)
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return found

@@ -107,7 +107,7 @@ class ShardedParameter:
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         # NumPy conversion must not be a collective (Keras' repr tries it on one rank): gathered saves only.
         if self.gathered is None:
-            raise TypeError(f"sharded weight {self.name}: read it with .numpy() on every rank, or save it "
+            raise ValueError(f"sharded weight {self.name}: read it with .numpy() on every rank, or save it "
                             "with smdist_tf.distribute.save_on_rank_zero")
         return np.asarray(self.gathered.numpy(), dtype=dtype)
 
@@ -140,6 +140,7 @@ class ShardedParameter:
                                                    shape=tuple(piece.shape), dtype=piece.dtype.name,
                                                    trainable=True, name=name)
             _views[id(self._view)] = self._view
+            _owners[id(self._view)] = self
         return self._view
 
     def __repr__(self) -> str:
@@ -147,13 +148,19 @@ class ShardedParameter:
                 f"{self.layout.ranks} ({self.layout.shard_sizes[0]} elements)>")
 
 
-# The piece views made so far, by id (Keras variables are not hashable): see ``is_piece_view``.
+# The piece views made so far and their parameters, by id (Keras variables are not hashable).
 _views: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_owners: "weakref.WeakValueDictionary[int, ShardedParameter]" = weakref.WeakValueDictionary()
 
 
 def is_piece_view(variable: Any) -> bool:
     """Whether ``variable`` is a ``ShardedParameter``'s piece view (what a stage-3 optimizer updates)."""
     return _views.get(id(variable)) is variable
+
+
+def owner_of_view(variable: Any) -> Optional[ShardedParameter]:
+    """The ``ShardedParameter`` whose piece view ``variable`` is, or ``None``."""
+    return _owners.get(id(variable)) if is_piece_view(variable) else None
 
 
 def _to_tensor(value: ShardedParameter, dtype: Any = None, name: Optional[str] = None, as_ref: bool = False) -> Any:

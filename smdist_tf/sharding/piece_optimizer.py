@@ -15,9 +15,12 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 import keras
+import numpy as np
+import tensorflow as tf
 
 from smdist_tf.sharding.optimizer import check_shardable
-from smdist_tf.sharding.parameter import ShardedParameter, is_piece_view
+from smdist_tf.collectives import allgather
+from smdist_tf.sharding.parameter import ShardedParameter, is_piece_view, owner_of_view
 
 
 def sharded_parameter(variable: Any) -> Optional[ShardedParameter]:
@@ -61,6 +64,55 @@ class PieceApply:
     def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> list:
         return list(grads_and_vars)  # each piece's gradient arrives reduced
 
+    # --- checkpoints: the slots are pieces, the file holds them whole -----------------------------
+    def add_variable_from_reference(self, reference_variable: Any, name: Optional[str] = None,
+                                    initializer: Any = "zeros") -> Any:
+        slot = super().add_variable_from_reference(reference_variable, name=name, initializer=initializer)
+        owner = owner_of_view(reference_variable)
+        if owner is not None:
+            self._smdist_pieces.owners[id(slot)] = owner
+        return slot
+
+    def smdist_gather_slots(self) -> None:
+        """Gathers every piece-shaped slot in full for a save (a collective: every rank calls it, in order)."""
+        owners = self._smdist_pieces.owners
+        self._smdist_pieces.gathered = {
+            id(slot): owners[id(slot)].layout.full_from_gathered(0, allgather(tf.convert_to_tensor(slot))).numpy()
+            for slot in self.variables if id(slot) in owners}
+
+    def smdist_release_slots(self) -> None:
+        self._smdist_pieces.gathered = None
+
+    def save_own_variables(self, store: Any) -> None:
+        owners, gathered = self._smdist_pieces.owners, self._smdist_pieces.gathered
+        if owners and gathered is None:
+            raise ValueError("this optimizer's state is sharded over the ranks (shard_parameters); save with "
+                             "smdist_tf.distribute.save_on_rank_zero(model, path) called on every rank")
+        for i, variable in enumerate(self.variables):
+            store[str(i)] = gathered[id(variable)] if id(variable) in owners else variable.numpy()
+
+    def load_own_variables(self, store: Any) -> None:
+        owners = self._smdist_pieces.owners
+        if len(store.keys()) != len(self.variables):
+            raise ValueError(f"the checkpoint holds {len(store.keys())} variables for optimizer '{self.name}', "
+                             f"which has {len(self.variables)}: it was saved from another optimizer or model")
+        for i, variable in enumerate(self.variables):
+            value = np.asarray(store[str(i)])
+            owner = owners.get(id(variable))
+            expected = tuple(variable.shape) if owner is None else tuple(owner.shape)
+            if value.shape != expected:
+                raise ValueError(f"optimizer variable {i} ({variable.name}) has shape {value.shape} in the "
+                                 f"checkpoint, expected {expected}")
+            variable.assign(value if owner is None else owner.layout.shard_of_array(0, value))
+
+
+class _PieceSlots:
+    """Which slots are pieces, and their gathered values while a save runs (a plain object: Keras tracks none of it)."""
+
+    def __init__(self) -> None:
+        self.owners: dict[int, ShardedParameter] = {}  # id(slot) -> the parameter whose piece it is shaped like
+        self.gathered: Optional[dict[int, np.ndarray]] = None
+
 
 def _check_no_constraints(variables: Sequence[Any]) -> None:
     for variable in variables:
@@ -93,4 +145,5 @@ def update_pieces_in_place(optimizer: keras.optimizers.Optimizer) -> keras.optim
         raise ValueError("shard_parameters: gradient clipping (clipnorm, global_clipnorm, clipvalue) is not "
                          "supported: each rank holds a piece of the reduced gradient only")
     optimizer.__class__ = piece_class(type(optimizer))
+    optimizer._smdist_pieces = _PieceSlots()
     return optimizer
