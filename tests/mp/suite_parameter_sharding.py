@@ -198,6 +198,20 @@ class MemoryTest(SyncAssertions):
         self.assertTrue(all(sharded_parameter(w) is None for w in model.non_trainable_weights))
 
 
+    def test_a_full_value_assigned_keeps_this_ranks_piece(self):
+        with strategy_for(True).scope():
+            model = mlp()
+        values = [RNG.normal(size=w.shape).astype(np.float32) for w in model.get_weights()]  # same on every rank
+        model.set_weights(values)
+        kernel = sharded_parameter(model.trainable_weights[0])
+        self.assertAllEqual(kernel.piece.numpy(), kernel.layout.shard_of_array(0, values[0]))
+        sd.broadcast_variables(model.variables, root_rank=0)
+        for want, got in zip(values, model.get_weights()):
+            self.assertAllEqual(want, got)
+        with self.assertRaisesRegex(ValueError, "every rank"):
+            np.array(model.trainable_weights[0])  # a collective on one rank would hang: refused
+
+
 class CheckpointTest(SyncAssertions):
     def test_a_saved_model_is_the_unsharded_one_and_loads_anywhere(self):
         trained = fit(True, mlp, X, OPTIMIZERS["adam"])
@@ -241,6 +255,11 @@ class RefusedTest(SyncAssertions):
                 keras.optimizers.Adam(clipnorm=1.0)
             with self.assertRaisesRegex(ValueError, "element-wise"):
                 keras.optimizers.Lamb()
+        with strategy.scope():
+            constrained = keras.Sequential([keras.Input((7,)), keras.layers.Dense(1, kernel_constraint="non_neg")])
+            constrained.compile(optimizer="sgd", loss="mse")
+        with self.assertRaisesRegex(ValueError, "constraint"):
+            constrained.fit(dataset(X), epochs=1, verbose=0)
         outside = mlp()
         with strategy.scope():
             optimizer = keras.optimizers.SGD()
