@@ -72,7 +72,7 @@ The other reaches, by the module that makes them:
   loops above, ``keras.optimizers.LossScaleOptimizer.check_finite`` (keras/loss_scale.py),
   ``keras.Model.predict_on_batch`` (keras/predict_on_batch.py) and
   ``keras.optimizers.Optimizer.__init__`` (sharding/strategy_hook.py, which reads the new
-  optimizer's ``_distribution_strategy``).
+  optimizer's ``_distribution_strategy``) and ``keras.layers.Layer.__call__`` (sharding/regather.py).
 * Optimizer-state sharding (smdist_tf/sharding/) puts a mixin in front of an optimizer's
   class (assigning ``__class__``) that overrides Keras' ``_clip_gradients``,
   ``_backend_update_step``, ``_backend_apply_gradients`` and TensorFlow's
@@ -87,7 +87,10 @@ The other reaches, by the module that makes them:
   ``TFOptimizer._var_key`` keying a variable by ``_unique_id`` (``ShardedParameter`` gives its
   piece's, read from the piece), and puts a mixin in front of an optimizer's class that
   replaces ``TFOptimizer._all_reduce_sum_gradients``. The strategy's ``_create_variable``
-  (above) makes the pieces.
+  (above) makes the pieces. Its ``keras.layers.Layer.__call__`` wrapper (a public method,
+  installed by smdist_tf/keras/patches.py; smdist_tf/sharding/regather.py) calls
+  ``Layer._flatten_layers(include_self=False, recursive=False)`` to tell a layer that owns
+  its weights from one that holds other layers.
 * ``keras.distribution`` on the TensorFlow backend (smdist_tf/keras/distribution_backend.py,
   smdist_tf/keras/distribution_activation.py). Keras' ``keras.src.distribution.distribution_lib``
   calls the backend's module, ``keras.src.backend.distribution_lib`` (for TensorFlow

@@ -8,7 +8,7 @@ updates and input pipelines, and overrides what must span processes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -16,7 +16,7 @@ from smdist_tf import _compat
 from smdist_tf.collectives import broadcast
 from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps, gather_tensor, local_value
 from smdist_tf.runtime import local_rank, rank, size
-from smdist_tf.sharding.parameter import ShardedParameter
+from smdist_tf.sharding.parameter import ParameterSharding, ShardedParameter
 from smdist_tf.sharding.layout import ShardLayout
 
 def _is_weight(kwargs: dict) -> bool:
@@ -45,7 +45,7 @@ class DataParallelExtended(_compat.MirroredExtended):
     """StrategyExtended for ``DataParallelStrategy`` (see there)."""
 
     def __init__(self, container_strategy: Any, cross_device_ops: SmdistCrossDeviceOps,
-                 shard_parameters: bool = False) -> None:
+                 shard_parameters: Optional[ParameterSharding] = None) -> None:
         super().__init__(container_strategy, devices=[local_device()], cross_device_ops=cross_device_ops)
         self._shard_parameters = shard_parameters
         self._creating_piece = False
@@ -121,7 +121,7 @@ class DataParallelExtended(_compat.MirroredExtended):
         # rank computes the same update anyway (e.g. optimizer.iterations, loss scale).
         if kwargs.get("aggregation") == tf.VariableAggregation.ONLY_FIRST_REPLICA:
             kwargs["aggregation"] = tf.VariableAggregation.NONE
-        if self._shard_parameters and _is_weight(kwargs):
+        if self._shard_parameters is not None and _is_weight(kwargs):
             return self._create_sharded_parameter(next_creator, kwargs)
         return super()._create_variable(next_creator, **kwargs)
 
@@ -139,7 +139,8 @@ class DataParallelExtended(_compat.MirroredExtended):
             variable = super()._create_variable(next_creator, **dict(kwargs, initial_value=piece, shape=piece.shape))
         finally:
             self._creating_piece = False
-        return ShardedParameter(variable, tf.TensorShape(layout.shapes[0]), self._replicas, self._replica)
+        return ShardedParameter(variable, tf.TensorShape(layout.shapes[0]), self._replicas, self._replica,
+                                regather_in_backward=self._shard_parameters.regather_in_backward)
 
     def _get_variable_creator_initial_value(self, replica_id: int, device: str, primary_var: Any, **kwargs: Any) -> Any:
         if replica_id != 0 or self._creating_piece:  # a piece is this rank's own

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import tensorflow as tf
 
@@ -17,6 +17,7 @@ from smdist_tf.reduce_ops import Sum
 from smdist_tf.initialization import init
 from smdist_tf.runtime import is_initialized, rank
 from smdist_tf.sharding.optimizer import ShardingSettings
+from smdist_tf.sharding.parameter import ParameterSharding
 from smdist_tf.strategy_kind import OneReplicaPerRank
 
 
@@ -60,7 +61,9 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
         shard_parameters: ZeRO stage 3 (implies stages 1 and 2): every trainable weight
             made in ``scope()`` keeps only this rank's 1/N piece; reads allgather it, its
             gradient is reduce-scattered into the piece, and the optimizer updates pieces
-            (see docs/sharding.md).
+            (see docs/sharding.md). ``True`` gathers each layer's weights again for its
+            backward pass; ``sd.sharding.ParameterSharding(regather_in_backward=False)`` keeps
+            them from the forward pass instead (more memory, half the gathers).
 
     Raises:
         ValueError: when this rank is not a member of ``process_set`` or it is not
@@ -70,7 +73,7 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
 
     def __init__(self, compression: type[Compressor] = Compression.none, progress_on_rank_zero_only: bool = True,
                  process_set: Optional[ProcessSet] = None, shard_optimizer_state: bool = False,
-                 shard_gradients: bool = False, shard_parameters: bool = False) -> None:
+                 shard_gradients: bool = False, shard_parameters: Union[bool, ParameterSharding] = False) -> None:
         if not is_initialized():
             init()
         self._sharding = None
@@ -81,17 +84,18 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
             if compression is not Compression.none:
                 raise ValueError("shard_optimizer_state: reduce-scatter has no wire compression; use Compression.none")
             # Keras scales each replica's loss by 1/N under a strategy, so the gradients are summed.
-            self._sharding = ShardingSettings(shard_gradients=shard_gradients or shard_parameters, op=Sum,
+            self._sharding = ShardingSettings(shard_gradients=shard_gradients or bool(shard_parameters), op=Sum,
                                               process_set=process_set, clip_reduced=False,
-                                              shard_parameters=shard_parameters)
+                                              shard_parameters=bool(shard_parameters))
         if process_set is not None:
             _process_sets.process_set_id(process_set)  # registered?
             if not process_set.included():
                 raise ValueError(f"rank {rank()} is not a member of {process_set}: only its members may use "
                                  "DataParallelStrategy(process_set=...)")
         self._process_set = process_set
+        parameter_sharding = ParameterSharding() if shard_parameters is True else (shard_parameters or None)
         tf.distribute.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression, process_set),
-                                                                   shard_parameters=shard_parameters))
+                                                                   shard_parameters=parameter_sharding))
         install_keras_patches()
         first_replica = (rank() if process_set is None else process_set.rank()) == 0
         if progress_on_rank_zero_only and not first_replica:

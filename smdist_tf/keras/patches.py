@@ -22,6 +22,7 @@ from smdist_tf.keras.loss_scale import patch_check_finite
 from smdist_tf.keras.predict_on_batch import patch_predict_on_batch
 from smdist_tf.keras.uneven_data import patch_training_loops
 from smdist_tf.keras_api import uses_tf_keras
+from smdist_tf.sharding.regather import patch_layer_call
 from smdist_tf.sharding.strategy_hook import patch_optimizer_creation
 
 
@@ -64,6 +65,12 @@ PATCHES = (
         "an optimizer made in a sharding DataParallelStrategy's scope (compile('adam'), load_model) must be "
         "sharded before anything builds it (smdist_tf/sharding/strategy_hook.py)",
         patch_optimizer_creation, keras_3_only=True),
+    KerasPatch(
+        "keras.layers.Layer.__call__",
+        "under parameter sharding every gather of a step would run at its start and each gathered weight be kept "
+        "for the backward: a layer with sharded weights gathers after its input and again for its backward "
+        "(smdist_tf/sharding/regather.py)",
+        patch_layer_call, keras_3_only=True),
 )
 
 KERAS_DISTRIBUTION_PATCHES = (

@@ -10,6 +10,7 @@ gradient for the weight is this rank's piece of the reduced gradient.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any, Optional
 
@@ -19,6 +20,19 @@ import tensorflow as tf
 from smdist_tf.collectives import allgather, reducescatter
 from smdist_tf.reduce_ops import Sum
 from smdist_tf.sharding.layout import ShardLayout
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterSharding:
+    """Options of ``DataParallelStrategy(shard_parameters=ParameterSharding(...))``; ``True`` means the defaults.
+
+    Attributes:
+        regather_in_backward: gather a layer's weights again for its backward pass (its call is
+            recomputed there), so they exist in full only while the layer runs; ``False`` keeps
+            the forward pass's gathered weights until the backward: more memory, half the gathers.
+    """
+
+    regather_in_backward: bool = True
 
 
 def gather_pieces(piece: tf.Tensor, layout: ShardLayout) -> tf.Tensor:
@@ -51,10 +65,14 @@ class ShardedParameter:
         shape: the weight's full shape.
         ranks: how many ranks share the weight.
         index: this rank's position among them.
+        regather_in_backward: gather the weight again for its layer's backward pass instead of
+            keeping the forward pass's gathered value (smdist_tf/sharding/regather.py).
     """
 
-    def __init__(self, piece: tf.Variable, shape: tf.TensorShape, ranks: int, index: int) -> None:
+    def __init__(self, piece: tf.Variable, shape: tf.TensorShape, ranks: int, index: int,
+                 regather_in_backward: bool = True) -> None:
         self.piece = piece
+        self.regather_in_backward = regather_in_backward
         self.layout = ShardLayout([shape], ranks, index)
         self.gathered: Optional[tf.Tensor] = None  # the full value while a checkpoint save runs
         self._view: Any = None

@@ -73,15 +73,17 @@ def dataset(inputs: np.ndarray) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((inputs, Y)).batch(GLOBAL_BATCH)
 
 
-def strategy_for(shard: bool) -> sd.DataParallelStrategy:
+def strategy_for(shard: bool, regather: bool = True) -> sd.DataParallelStrategy:
+    if shard and not regather:
+        return sd.DataParallelStrategy(shard_parameters=sd.sharding.ParameterSharding(regather_in_backward=False))
     return sd.DataParallelStrategy(shard_parameters=shard)
 
 
 def fit(shard: bool, build, inputs: np.ndarray, make_optimizer, policy: str = "float32",
-        accumulation: int = 0) -> keras.Model:
+        accumulation: int = 0, regather: bool = True) -> keras.Model:
     keras.mixed_precision.set_global_policy(policy)
     try:
-        with strategy_for(shard).scope():
+        with strategy_for(shard, regather).scope():
             keras.utils.set_random_seed(3)
             model = build()
             optimizer = make_optimizer()
@@ -178,6 +180,39 @@ class SameTrainingTest(SyncAssertions):
             return model
 
         self.assert_same_training(train(True), train(False))
+
+
+class GatherPlacementTest(SyncAssertions):
+    def gathers_in_a_step(self, regather: bool) -> int:
+        strategy = strategy_for(True, regather)
+        with strategy.scope():
+            model = conv()
+            optimizer = keras.optimizers.SGD(0.1)
+
+        @tf.function
+        def step(x, y):
+            def replica_step(x, y):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+            strategy.run(replica_step, args=(x, y))
+
+        graph = step.get_concrete_function(tf.TensorSpec([None, 6, 6, 2]), tf.TensorSpec([None, 1])).graph.as_graph_def()
+        # The step's own nodes and those of the functions it calls (the recomputed backward among them).
+        nodes = list(graph.node) + [node for function in graph.library.function for node in function.node_def]
+        return sum(1 for node in nodes if node.op == "SmdistAllgather")
+
+    def test_weights_are_gathered_again_for_the_backward_unless_kept(self):
+        # conv(): a Conv2D and a Dense with a kernel and a bias each, read once in the forward pass.
+        self.assertEqual(self.gathers_in_a_step(regather=False), 4)
+        self.assertEqual(self.gathers_in_a_step(regather=True), 8)
+
+    def test_keeping_the_gathered_weights_trains_the_same(self):
+        for build, inputs in (MODELS["conv2d"], MODELS["dense"]):
+            self.assertLess(relative_difference(fit(True, build, inputs, OPTIMIZERS["adam"], regather=False).get_weights(),
+                                                fit(False, build, inputs, OPTIMIZERS["adam"]).get_weights()), RTOL)
 
 
 class MemoryTest(SyncAssertions):
