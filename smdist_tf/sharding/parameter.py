@@ -115,9 +115,6 @@ class ShardedParameter:
             return self.gathered
         return gather_pieces(tf.convert_to_tensor(self.piece), self.layout)
 
-    def value(self) -> tf.Tensor:
-        return self.read_value()
-
     def numpy(self) -> Any:
         """The full weight as a NumPy array (a collective unless a save has gathered it)."""
         return self.read_value().numpy()
