@@ -1,4 +1,4 @@
-"""Optimizer-state sharding (ZeRO stage 1, or 2 with ``--stage 2``): memory and step time, sharded against unsharded.
+"""Sharding (ZeRO stage 1, 2 with ``--stage 2``, 3 with ``--stage 3``): memory and step time against unsharded.
 
 For each rank count, each repeat runs two ``mpirun`` jobs, one per mode, in alternating
 order (unsharded first in even repeats, sharded first in odd ones) so the machine's drift
@@ -6,7 +6,10 @@ hits both alike:
 
 * ``unsharded``: ``smdist_tf.DataParallelStrategy()``;
 * ``sharded``: ``smdist_tf.DataParallelStrategy(shard_optimizer_state=True)``, with
-  ``shard_gradients=True`` too under ``--stage 2``.
+  ``shard_gradients=True`` too under ``--stage 2``; under ``--stage 3``
+  ``DataParallelStrategy(shard_parameters=True)``, and each round also runs ``stage1``
+  and ``stage2`` jobs (four modes, rotated from round to round), so stage 3 is compared
+  with stages 0, 1 and 2 in one interleaved run.
 
 Both train the same dense MLP (29.4 M float32 parameters, 235 MB of Adam state) with Keras
 ``fit`` and Adam, one TensorFlow intra-op and one inter-op thread per process. Every rank
@@ -39,6 +42,7 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).resolve()
 MODES = ("unsharded", "sharded")
+STAGE3_MODES = ("unsharded", "stage1", "stage2", "sharded")  # "sharded" is stage 3 there
 
 # Dense MLP shapes: (full run, --quick). Full: 7 x (2048 x 2048 + 2048) + 2048 x 10 + 10 parameters.
 MODEL_SPECS = ({"inputs": 2048, "width": 2048, "layers": 7, "classes": 10},
@@ -47,6 +51,7 @@ MODEL_SPECS = ({"inputs": 2048, "width": 2048, "layers": 7, "classes": 10},
 STATE_SLACK = 0.05  # state per rank <= 1/N + 5 % of unsharded
 STEP_TIME_LIMIT = 1.10  # sharded step <= 1.10 x unsharded
 RSS_SHARE_OF_STATE = 0.40  # peak RSS down by >= 40 % of the state saved
+STAGE3_STEP_TIME_LIMIT = 1.30  # issue 42: stage-3 step <= 1.3 x unsharded
 
 
 def model_spec(quick: bool) -> dict:
@@ -79,6 +84,31 @@ def variable_bytes(variables: list) -> int:
     return sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize for v in variables)
 
 
+def held_bytes(variables: list) -> int:
+    """Bytes ``variables`` hold on this rank: a stage-3 weight holds its piece only."""
+    from smdist_tf.sharding.piece_optimizer import sharded_parameter
+
+    total = 0
+    for variable in variables:
+        parameter = sharded_parameter(variable)
+        if parameter is None:
+            total += variable_bytes([variable])
+        else:  # the piece is a tf.Variable: its dtype is a tf.DType
+            total += int(parameter.piece.shape.num_elements()) * parameter.piece.dtype.size
+    return total
+
+
+def strategy_options(mode: str, stage: int) -> dict:
+    """``DataParallelStrategy`` keywords of a job's mode."""
+    if mode == "unsharded":
+        return {}
+    if mode == "stage1" or (mode == "sharded" and stage == 1):
+        return {"shard_optimizer_state": True}
+    if mode == "stage2" or stage == 2:
+        return {"shard_optimizer_state": True, "shard_gradients": True}
+    return {"shard_parameters": True}
+
+
 def worker(args: argparse.Namespace) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
@@ -92,8 +122,7 @@ def worker(args: argparse.Namespace) -> None:
     import smdist_tf as sd
 
     spec = model_spec(args.quick)
-    sharded = args.worker == "sharded"
-    strategy = sd.DataParallelStrategy(shard_optimizer_state=sharded, shard_gradients=sharded and args.stage == 2)
+    strategy = sd.DataParallelStrategy(**strategy_options(args.worker, args.stage))
     keras.utils.set_random_seed(0)
     with strategy.scope():
         layers = [keras.Input((spec["inputs"],))]
@@ -132,6 +161,9 @@ def worker(args: argparse.Namespace) -> None:
     record = {
         "rank": sd.rank(),
         "state_bytes": variable_bytes(model.optimizer.variables),
+        # The weights as this rank holds them between steps (stage 3: its pieces); the largest layer's in full.
+        "param_bytes": held_bytes(model.trainable_variables),
+        "largest_layer_bytes": max(variable_bytes(layer.trainable_variables) for layer in model.layers),
         # The sharded update's copies of this rank's pieces of the weights (kept between steps): memory the
         # sharded mode adds that optimizer.variables does not list. Read from the optimizer, not derived, so it
         # reports what exists.
@@ -143,7 +175,7 @@ def worker(args: argparse.Namespace) -> None:
         "step_s": round(statistics.median(timed), 6),
         "step_s_min": round(min(timed), 6),
         "optimizer_class": type(model.optimizer).__name__,  # the sharded class keeps its base's name
-        "sharded": bool(sharded),
+        "sharded": bool(sharded) or args.worker != "unsharded",
     }
     every = sd.allgather_object(record)
     if sd.rank() == 0:
@@ -203,7 +235,8 @@ def run_job(args: argparse.Namespace, mode: str, np_: int) -> tuple[Optional[dic
 def job_line(mode: str, np_: int, repeat: int, payload: dict, wall: float) -> dict:
     """A job's figures: for each, the largest over its ranks."""
     ranks = sorted(payload["ranks"], key=lambda r: r["rank"])
-    top = {k: max(r[k] for r in ranks) for k in ("state_bytes", "shard_copy_bytes", "peak_rss_bytes",
+    top = {k: max(r[k] for r in ranks) for k in ("state_bytes", "param_bytes", "largest_layer_bytes",
+                                                  "shard_copy_bytes", "peak_rss_bytes",
                                                   "peak_rss_before_fit_bytes", "rss_before_fit_bytes",
                                                   "rss_end_bytes", "step_s", "step_s_min")}
     return {"mode": mode, "np": np_, "repeat": repeat, "params": payload["params"],
@@ -264,6 +297,45 @@ def summarize(np_: int, lines: list, errors: list, args: argparse.Namespace) -> 
     }
 
 
+def summarize_stage3(np_: int, lines: list, errors: list, args: argparse.Namespace) -> dict:
+    """Stage 3 against stages 0-2 at ``np_``, with issue 42's two goals, from each mode's medians over repeats.
+
+    Memory goal: this rank's peak <= (stage 0's parameter + gradient + state bytes) / N plus
+    the largest layer. The model's own bytes are checked from the variables (weights held,
+    optimizer state, and a gradient the size of the weights); peak RSS is reported beside it,
+    but it also holds TensorFlow's runtime and the step's activations and temporaries.
+    """
+    keys = ("state_bytes", "param_bytes", "largest_layer_bytes", "peak_rss_bytes", "peak_rss_growth_in_fit_bytes",
+            "step_s")
+    med = {m: {k: median_of([line for line in lines if line["mode"] == m and line["np"] == np_], k) for k in keys}
+           for m in STAGE3_MODES}
+    base, stage3 = med["unsharded"], med["sharded"]
+    model_bytes = {m: None if med[m]["param_bytes"] is None else 2 * med[m]["param_bytes"] + med[m]["state_bytes"]
+                   for m in STAGE3_MODES}  # weights, a gradient of their size, optimizer state
+    goal = None if model_bytes["unsharded"] is None else int(model_bytes["unsharded"] / np_ + base["largest_layer_bytes"])
+    step_ratio = ratio(stage3["step_s"], base["step_s"])
+    return {
+        "summary": True, "np": np_, "stage": 3,
+        "repeats": len([line for line in lines if line["mode"] == "sharded" and line["np"] == np_]),
+        "step_s": {m: med[m]["step_s"] for m in STAGE3_MODES},
+        "step_time_ratio_vs_unsharded": {m: ratio(med[m]["step_s"], base["step_s"]) for m in STAGE3_MODES},
+        "step_time_ratio_target": STAGE3_STEP_TIME_LIMIT,
+        "param_bytes": {m: med[m]["param_bytes"] for m in STAGE3_MODES},
+        "state_bytes": {m: med[m]["state_bytes"] for m in STAGE3_MODES},
+        "model_bytes_params_grads_state": model_bytes,
+        "model_bytes_goal": goal,
+        "peak_rss_bytes": {m: med[m]["peak_rss_bytes"] for m in STAGE3_MODES},
+        "peak_rss_growth_in_fit_bytes": {m: med[m]["peak_rss_growth_in_fit_bytes"] for m in STAGE3_MODES},
+        "target_model_bytes_met": None if goal is None or model_bytes["sharded"] is None
+        else model_bytes["sharded"] <= goal,
+        "target_step_time_met": None if step_ratio is None else step_ratio <= STAGE3_STEP_TIME_LIMIT,
+        "params": parameter_count(model_spec(args.quick)), "batch_per_rank": args.batch,
+        "warmup": args.warmup, "steps": args.steps, "quick": args.quick,
+        "errors": [e for e in errors if e.startswith(f"np={np_} ")],
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--np", default=None, help="comma-separated rank counts (default 2,4; --quick: 2)")
@@ -272,10 +344,11 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per job (default 8; --quick 2)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; --quick 1)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per job; its process group is killed past it")
-    parser.add_argument("--stage", type=int, choices=(1, 2), default=1,
-                        help="ZeRO stage of the sharded jobs (2: shard_gradients=True as well)")
+    parser.add_argument("--stage", type=int, choices=(1, 2, 3), default=1,
+                        help="ZeRO stage of the sharded jobs (2: shard_gradients=True as well; 3: shard_parameters=True, "
+                             "against stages 0, 1 and 2)")
     parser.add_argument("--quick", action="store_true", help="tiny model, np 2, 1 repeat, few steps: a smoke run")
-    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=STAGE3_MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.np = [int(n) for n in (args.np or ("2" if args.quick else "2,4")).split(",")]
     args.repeat = args.repeat or (1 if args.quick else 2)
@@ -293,9 +366,11 @@ def main() -> int:
         sys.exit("run benchmarks/sharded.py directly, not under mpirun: it launches its own jobs")
     lines: list[dict[str, Any]] = []
     errors: list[str] = []
+    modes = STAGE3_MODES if args.stage == 3 else MODES
     for np_ in args.np:
         for repeat in range(args.repeat):
-            for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
+            # Each round starts with another mode, so the machine's drift hits all alike.
+            for mode in modes[repeat % len(modes):] + modes[:repeat % len(modes)]:
                 payload, error, wall = run_job(args, mode, np_)
                 if error is not None:
                     last = [line for line in error.splitlines() if line.strip()][-1]
@@ -305,7 +380,7 @@ def main() -> int:
                 line = job_line(mode, np_, repeat, payload, wall)
                 lines.append(line)
                 emit(line)
-        emit(summarize(np_, lines, errors, args))
+        emit(summarize_stage3(np_, lines, errors, args) if args.stage == 3 else summarize(np_, lines, errors, args))
     return 1 if errors else 0
 
 

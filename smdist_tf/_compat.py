@@ -72,8 +72,8 @@ The other reaches, by the module that makes them:
   loops above, ``keras.optimizers.LossScaleOptimizer.check_finite`` (keras/loss_scale.py),
   ``keras.Model.predict_on_batch`` (keras/predict_on_batch.py) and
   ``keras.optimizers.Optimizer.__init__`` (sharding/strategy_hook.py, which reads the new
-  optimizer's ``_distribution_strategy``); and one private method,
-  ``keras.optimizers.Optimizer._all_reduce_sum_gradients`` (inherited from ``TFOptimizer``;
+  optimizer's ``_distribution_strategy``) and ``keras.layers.Layer.__call__`` (sharding/regather.py);
+  and one private method, ``keras.optimizers.Optimizer._all_reduce_sum_gradients`` (inherited from ``TFOptimizer``;
   keras/strategy_gradients.py, which reads ``_distribution_strategy`` too): Keras 3.15's
   ``TFOptimizer._backend_update_step`` calls it with the ``(gradient, variable)`` pairs, and it
   alone reduces an optimizer's gradients under a strategy (the replica context's ``all_reduce(SUM)``).
@@ -85,6 +85,16 @@ The other reaches, by the module that makes them:
   ``_accumulated_gradients``, ``_iterations``, ``_apply_weight_decay``,
   ``_backend_increment_gradient_accumulators``, ``_backend_reset_gradient_accumulators``
   and ``_distribution_strategy``.
+* Parameter sharding (ZeRO stage 3, smdist_tf/sharding/parameter.py and piece_optimizer.py)
+  relies on the Keras 3.15 TensorFlow ``Variable`` keeping whatever ``tf.Variable(...)``
+  returned in ``_value`` (read to find the ``ShardedParameter`` behind a weight), on
+  ``TFOptimizer._var_key`` keying a variable by ``_unique_id`` (``ShardedParameter`` gives its
+  piece's, read from the piece), and puts a mixin in front of an optimizer's class that
+  replaces ``TFOptimizer._all_reduce_sum_gradients``. The strategy's ``_create_variable``
+  (above) makes the pieces. Its ``keras.layers.Layer.__call__`` wrapper (a public method,
+  installed by smdist_tf/keras/patches.py; smdist_tf/sharding/regather.py) calls
+  ``Layer._flatten_layers(include_self=False, recursive=False)`` to tell a layer that owns
+  its weights from one that holds other layers.
 * ``keras.distribution`` on the TensorFlow backend (smdist_tf/keras/distribution_backend.py,
   smdist_tf/keras/distribution_activation.py). Keras' ``keras.src.distribution.distribution_lib``
   calls the backend's module, ``keras.src.backend.distribution_lib`` (for TensorFlow

@@ -415,6 +415,7 @@ def _overrides() -> list:
     from smdist_tf.pipeline.model import PipelineModel, _FunctionLoss
     from smdist_tf.pipeline.weights import NotHeld, _RecordingStore
     from smdist_tf.sharding.optimizer import sharded_class
+    from smdist_tf.sharding.piece_optimizer import piece_class
     from smdist_tf.sync_batch_norm import SyncBatchNormalization
 
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0"])
@@ -451,6 +452,7 @@ def _overrides() -> list:
          {"_clip_gradients", "_all_reduce_sum_gradients", "_backend_update_step", "_backend_apply_gradients",
           "_trackable_children"}, set()),
         (type(sk.DistributedOptimizer(keras.optimizers.Adam())), keras.optimizers.Adam, adam, set(), set()),
+        (piece_class(keras.optimizers.Adam), keras.optimizers.Adam, adam, {"_all_reduce_sum_gradients"}, set()),
     ]
 
 
@@ -566,6 +568,7 @@ class PrivateNameInventoryTest(tf.test.TestCase):
             (keras.layers.Layer, "_get_own_losses", ["self"]),
             (keras.layers.BatchNormalization, "_moments", ["self", "inputs", "mask"]),
             (variable, "_value", tf.Variable),
+            (variable.value, "_unique_id", str),  # ShardedParameter._unique_id reads its piece's
             (variable, "_initializer", type(None)),
             (variable, "_dtype", str),
             (keras.Variable, "_deferred_initialize", ["self"]),

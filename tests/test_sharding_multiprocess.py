@@ -1,4 +1,4 @@
-"""Optimizer-state sharding across 2 and 4 ranks, and checkpoints that move between rank counts."""
+"""Optimizer-state and parameter sharding across 2 and 4 ranks, and checkpoints that move between rank counts."""
 
 import pytest
 
@@ -7,11 +7,17 @@ from tests.mpi_harness import STALL_SHUTDOWN_JOB, run_under_mpi
 
 # Dynamic process sets: one test shards over a set it adds.
 SHARDING = STALL_SHUTDOWN_JOB.add("suite_sharding.py", timeout=900)  # one job with the other such suites
+PARAMETER_SHARDING = STALL_SHUTDOWN_JOB.add("suite_parameter_sharding.py", timeout=300)  # stage 3, same job
 
 
 @pytest.mark.parametrize("np", [2, 4])
 def test_sharding_suite(np):
     STALL_SHUTDOWN_JOB.run(SHARDING, np)
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_parameter_sharding_suite(np):
+    STALL_SHUTDOWN_JOB.run(PARAMETER_SHARDING, np)
 
 
 def test_checkpoint_saved_at_one_rank_count_resumes_at_another(tmp_path):
@@ -22,5 +28,7 @@ def test_checkpoint_saved_at_one_rank_count_resumes_at_another(tmp_path):
         assert code == 0, out[-5000:]
         if mode != "save":
             assert out.count(f"resumed at {np} ranks: state equal True, weights match True") == np, out[-3000:]
+            assert out.count(f"stage 3 resumed at {np} ranks: weights equal True, trained match True") == np, \
+                out[-3000:]
         if mode != "resume":
             assert out.count(f"saved at {np} ranks") == np, out[-3000:]

@@ -8,7 +8,7 @@ updates and input pipelines, and overrides what must span processes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -16,6 +16,19 @@ from smdist_tf import _compat
 from smdist_tf.collectives import broadcast
 from smdist_tf.distribute.cross_device_ops import SmdistCrossDeviceOps, gather_tensor, local_value
 from smdist_tf.runtime import local_rank, rank, size
+from smdist_tf.sharding.parameter import ParameterSharding, ShardedParameter
+from smdist_tf.sharding.layout import ShardLayout
+
+def _is_weight(kwargs: dict) -> bool:
+    """Whether a variable is a model weight that stage 3 shards.
+
+    Keras passes ``trainable`` explicitly: its weights are trainable; moving statistics,
+    metrics, optimizer slots and counters are not.
+    """
+    dtype = kwargs.get("dtype")
+    return (kwargs.get("trainable") is True and dtype is not None and tf.as_dtype(dtype).is_floating
+            and kwargs.get("synchronization") != tf.VariableSynchronization.ON_READ)
+
 
 _BROADCASTABLE = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.bool)
 
@@ -31,8 +44,11 @@ def local_device() -> str:
 class DataParallelExtended(_compat.MirroredExtended):
     """StrategyExtended for ``DataParallelStrategy`` (see there)."""
 
-    def __init__(self, container_strategy: Any, cross_device_ops: SmdistCrossDeviceOps) -> None:
+    def __init__(self, container_strategy: Any, cross_device_ops: SmdistCrossDeviceOps,
+                 shard_parameters: Optional[ParameterSharding] = None) -> None:
         super().__init__(container_strategy, devices=[local_device()], cross_device_ops=cross_device_ops)
+        self._shard_parameters = shard_parameters
+        self._creating_piece = False
         # Whatever TF would pick for XLA or int32 values, ours is the only one that spans processes.
         self._collective_ops = cross_device_ops
         self._cluster_resolver = None
@@ -105,12 +121,34 @@ class DataParallelExtended(_compat.MirroredExtended):
         # rank computes the same update anyway (e.g. optimizer.iterations, loss scale).
         if kwargs.get("aggregation") == tf.VariableAggregation.ONLY_FIRST_REPLICA:
             kwargs["aggregation"] = tf.VariableAggregation.NONE
+        if self._shard_parameters is not None and _is_weight(kwargs):
+            return self._create_sharded_parameter(next_creator, kwargs)
         return super()._create_variable(next_creator, **kwargs)
 
+    def _create_sharded_parameter(self, next_creator: Any, kwargs: dict) -> ShardedParameter:
+        """A trainable weight as this rank's piece of rank 0's initial value (ZeRO stage 3)."""
+        device = local_device()
+        with tf.init_scope():
+            full = self._first_replica_value(kwargs["initial_value"], kwargs.get("dtype"), device)()
+        layout = ShardLayout([full.shape], self._replicas, self._replica)
+        # The full value lives only until its piece is cut: no full-size variable is made.
+        piece = layout.shard_of(0, full)
+        del full
+        self._creating_piece = True
+        try:
+            variable = super()._create_variable(next_creator, **dict(kwargs, initial_value=piece, shape=piece.shape))
+        finally:
+            self._creating_piece = False
+        return ShardedParameter(variable, tf.TensorShape(layout.shapes[0]), self._replicas, self._replica,
+                                regather_in_backward=self._shard_parameters.regather_in_backward)
+
     def _get_variable_creator_initial_value(self, replica_id: int, device: str, primary_var: Any, **kwargs: Any) -> Any:
-        if replica_id != 0:
+        if replica_id != 0 or self._creating_piece:  # a piece is this rank's own
             return super()._get_variable_creator_initial_value(replica_id, device, primary_var, **kwargs)
-        initial_value, dtype = kwargs["initial_value"], kwargs.get("dtype")
+        return self._first_replica_value(kwargs["initial_value"], kwargs.get("dtype"), device)
+
+    def _first_replica_value(self, initial_value: Any, dtype: Any, device: str) -> Any:
+        """A function giving the first replica's ``initial_value`` (broadcast), whatever this rank's seed."""
 
         def from_rank_zero():
             value = initial_value() if callable(initial_value) else initial_value

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import tensorflow as tf
 
@@ -18,6 +18,7 @@ from smdist_tf.reduce_ops import Average, Sum
 from smdist_tf.initialization import init
 from smdist_tf.runtime import is_initialized, rank
 from smdist_tf.sharding.optimizer import ShardingSettings
+from smdist_tf.sharding.parameter import ParameterSharding
 from smdist_tf.strategy_kind import OneReplicaPerRank
 
 
@@ -58,6 +59,12 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
             Save with ``smdist_tf.distribute.save_on_rank_zero`` on every rank.
         shard_gradients: ZeRO stage 2 (implies stage 1): gradient-accumulation
             buffers (``gradient_accumulation_steps``) are sharded too.
+        shard_parameters: ZeRO stage 3 (implies stages 1 and 2): every trainable weight
+            made in ``scope()`` keeps only this rank's 1/N piece; reads allgather it, its
+            gradient is reduce-scattered into the piece, and the optimizer updates pieces
+            (see docs/sharding.md). ``True`` gathers each layer's weights again for its
+            backward pass; ``sd.sharding.ParameterSharding(regather_in_backward=False)`` keeps
+            them from the forward pass instead (more memory, half the gathers).
         gradient_op: how the optimizer combines the ranks' gradients, as ``op`` of
             Horovod's ``DistributedOptimizer``: ``Average`` (the global mean gradient) or
             ``Adasum`` (the Adasum of each rank's gradient of its own batch; Keras 3, a
@@ -67,23 +74,28 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
 
     Raises:
         ValueError: when this rank is not a member of ``process_set`` or it is not
-            registered, sharding is asked for together with compression, or
-            ``gradient_op`` is not one the strategy can use here.
+            registered, sharding is asked for together with compression, parameter
+            sharding together with a process set, or ``gradient_op`` is not one the
+            strategy can use here.
     """
 
     def __init__(self, compression: type[Compressor] = Compression.none, progress_on_rank_zero_only: bool = True,
                  process_set: Optional[ProcessSet] = None, shard_optimizer_state: bool = False,
-                 shard_gradients: bool = False, gradient_op: int = Average) -> None:
+                 shard_gradients: bool = False, shard_parameters: Union[bool, ParameterSharding] = False,
+                 gradient_op: int = Average) -> None:
         if not is_initialized():
             init()
         self._sharding = None
-        if shard_optimizer_state or shard_gradients:
+        if shard_parameters and process_set is not None:
+            raise ValueError("shard_parameters: a process set is not supported; shard over all ranks")
+        if shard_optimizer_state or shard_gradients or shard_parameters:
             require_keras_3("shard_optimizer_state")
             if compression is not Compression.none:
                 raise ValueError("shard_optimizer_state: reduce-scatter has no wire compression; use Compression.none")
             # Keras scales each replica's loss by 1/N under a strategy, so the gradients are summed.
-            self._sharding = ShardingSettings(shard_gradients=shard_gradients, op=Sum, process_set=process_set,
-                                              clip_reduced=False)
+            self._sharding = ShardingSettings(shard_gradients=shard_gradients or bool(shard_parameters), op=Sum,
+                                              process_set=process_set, clip_reduced=False,
+                                              shard_parameters=bool(shard_parameters))
         if process_set is not None:
             _process_sets.process_set_id(process_set)  # registered?
             if not process_set.included():
@@ -92,7 +104,9 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
         self._process_set = process_set
         self._gradient_op = validated_gradient_op(gradient_op, compression, group_size(process_set),
                                                   sharded=self._sharding is not None)
-        tf.distribute.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression, process_set)))
+        parameter_sharding = ParameterSharding() if shard_parameters is True else (shard_parameters or None)
+        tf.distribute.Strategy.__init__(self, DataParallelExtended(self, SmdistCrossDeviceOps(compression, process_set),
+                                                                   shard_parameters=parameter_sharding))
         install_keras_patches()
         first_replica = (rank() if process_set is None else process_set.rank()) == 0
         if progress_on_rank_zero_only and not first_replica:

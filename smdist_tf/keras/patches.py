@@ -23,6 +23,7 @@ from smdist_tf.keras.predict_on_batch import patch_predict_on_batch
 from smdist_tf.keras.strategy_gradients import patch_gradient_reduction
 from smdist_tf.keras.uneven_data import patch_training_loops
 from smdist_tf.keras_api import uses_tf_keras
+from smdist_tf.sharding.regather import patch_layer_call
 from smdist_tf.sharding.strategy_hook import patch_optimizer_creation
 
 
@@ -70,6 +71,12 @@ PATCHES = (
         "DataParallelStrategy(gradient_op=Adasum) would sum the gradients: there Keras reduces them alone, so they "
         "are combined with Adasum, everything else as before (smdist_tf/keras/strategy_gradients.py)",
         patch_gradient_reduction, keras_3_only=True),
+    KerasPatch(
+        "keras.layers.Layer.__call__",
+        "under parameter sharding every gather of a step would run at its start and each gathered weight be kept "
+        "for the backward: a layer with sharded weights gathers after its input and again for its backward "
+        "(smdist_tf/sharding/regather.py)",
+        patch_layer_call, keras_3_only=True),
 )
 
 KERAS_DISTRIBUTION_PATCHES = (

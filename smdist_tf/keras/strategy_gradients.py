@@ -40,7 +40,7 @@ def validated_gradient_op(op: int, compression: type[Compressor], replicas: int,
         op: the ``gradient_op`` asked for.
         compression: the strategy's wire compression.
         replicas: the number of replicas (ranks, or the process set's members).
-        sharded: optimizer-state sharding is on.
+        sharded: sharding (any stage) is on.
 
     Raises:
         ValueError: ``op`` is neither ``Average`` nor ``Adasum``; or Adasum with Keras 2, sharding,
@@ -55,8 +55,8 @@ def validated_gradient_op(op: int, compression: type[Compressor], replicas: int,
                          "so the strategy's gradients are already the global average")
     require_keras_3("DataParallelStrategy(gradient_op=Adasum)")
     if sharded:
-        raise ValueError("DataParallelStrategy(gradient_op=Adasum) does not combine with shard_optimizer_state or "
-                         "shard_gradients: sharding reduce-scatters gradients, and Adasum is an allreduce op")
+        raise ValueError("DataParallelStrategy(gradient_op=Adasum) does not combine with shard_optimizer_state, "
+                         "shard_gradients or shard_parameters: sharding reduce-scatters gradients, and Adasum is an allreduce op")
     if compression is not Compression.none:
         raise ValueError(f"DataParallelStrategy(gradient_op=Adasum) takes no wire compression "
                          f"({compression.__name__}); use Compression.none")

@@ -68,6 +68,7 @@ class ShardingSettings:
         process_set: the ranks that share the state (``None``: all).
         clip_reduced: clip the reduced gradient (``DistributedOptimizer``), not each
             rank's own (Keras under ``tf.distribute``).
+        shard_parameters: ZeRO stage 3: the weights are sharded too (``DataParallelStrategy`` only).
     """
 
     shard_gradients: bool = False
@@ -76,6 +77,7 @@ class ShardingSettings:
     postscale_factor: float = 1.0
     process_set: Optional[ProcessSet] = None
     clip_reduced: bool = True
+    shard_parameters: bool = False
 
     @classmethod
     def of(cls, reducer: GradientReducer, shard_gradients: bool = False) -> "ShardingSettings":

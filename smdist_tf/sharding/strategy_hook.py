@@ -15,6 +15,7 @@ from typing import Any
 import keras
 
 from smdist_tf.sharding.optimizer import ShardingSettings, shard_in_place
+from smdist_tf.sharding.piece_optimizer import update_pieces_in_place
 
 
 def strategy_sharding(strategy: Any) -> Any:
@@ -34,7 +35,10 @@ def patch_optimizer_creation() -> None:
         # saving makes bare ``Optimizer`` instances for reference.
         if isinstance(settings, ShardingSettings) and type(self) is not cls and not isinstance(
                 self, (keras.optimizers.LossScaleOptimizer, keras.optimizers.MultiOptimizer)):
-            shard_in_place(self, settings)
+            if settings.shard_parameters:
+                update_pieces_in_place(self)  # stage 3: the optimizer sees pieces, its state is per piece
+            else:
+                shard_in_place(self, settings)
 
     __init__.__doc__ = original.__doc__
     cls.__init__ = __init__

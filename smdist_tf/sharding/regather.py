@@ -1,0 +1,58 @@
+"""Stage 3: a layer's full weights exist only while it runs, and are gathered again for its backward.
+
+In a ``tf.function`` a sharded weight's gather depends on its piece variable only, so
+TensorFlow may run every gather at the start of the step, and the ops that read a
+gathered weight keep it for the backward pass: the whole model, in full, for the whole
+step. ``keras.layers.Layer.__call__`` is wrapped (a public method, monkeypatched once
+per process by smdist_tf/keras/patches.py) so that, inside a ``tf.function``, a layer
+whose own weights are all sharded with ``regather_in_backward``:
+
+* gathers them only once its input exists (a control dependency on the input), and
+* runs under ``tf.recompute_grad``: nothing of its call, the gathered weights included,
+  is kept for the backward pass; the backward runs the call again, its gathers then
+  depending on the incoming gradient (``recompute_grad`` adds that dependency to the
+  recomputed input), so they are not hoisted to the start of the step either.
+
+Layers with state of their own (BatchNormalization's moving statistics, a dropout's seed)
+are left alone: recomputing them would update or draw twice. Every other layer keeps
+Keras' own ``__call__``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from smdist_tf.sharding.piece_optimizer import sharded_parameter
+
+
+def regathers(layer: Any) -> bool:
+    """Whether ``layer``'s call is run so that its weights are gathered again for the backward."""
+    weights = layer.trainable_weights
+    if not weights or layer.non_trainable_weights or layer._flatten_layers(include_self=False, recursive=False):
+        return False
+    parameters = [sharded_parameter(w) for w in weights]
+    return all(p is not None and p.regather_in_backward for p in parameters)
+
+
+def patch_layer_call() -> None:
+    """Wraps ``keras.layers.Layer.__call__`` (installed by smdist_tf/keras/patches.py)."""
+    cls = keras.layers.Layer
+    original = cls.__call__
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not (len(args) == 1 and isinstance(args[0], tf.Tensor) and tf.inside_function() and self.built
+                and regathers(self)):
+            return original(self, *args, **kwargs)
+
+        def run(inputs: tf.Tensor) -> Any:
+            # The gathers made in the call wait for the layer's input; recomputed, for the gradient.
+            with tf.control_dependencies([inputs]):
+                return original(self, inputs, **kwargs)
+
+        return tf.recompute_grad(run)(args[0])
+
+    __call__.__doc__ = original.__doc__
+    cls.__call__ = __call__

@@ -1,0 +1,303 @@
+"""Parameter sharding (ZeRO stage 3): same training as unsharded, 1/N of the weights per rank, checkpoints, errors.
+
+Run on every rank by tests/test_sharding_multiprocess.py at 2 and 4 ranks, in
+the stall-shutdown job with the stage 1/2 suite. Every test runs on every rank in the
+same order, so collectives (each read of a sharded weight is an allgather) pair up
+across ranks. Each sharded run is compared with the unsharded strategy's run of the
+same model, optimizer, data and seed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import smdist_tf as sd
+from smdist_tf.sharding.parameter import ShardedParameter
+from smdist_tf.sharding.piece_optimizer import PieceApply, sharded_parameter
+from tests.mp.sync_assertions import SyncAssertions
+
+RANK, SIZE = sd.rank(), sd.size()
+
+RTOL = 1e-5
+GLOBAL_BATCH = 16
+RNG = np.random.default_rng(11)
+X = RNG.normal(size=(48, 7)).astype(np.float32)  # three steps of the global batch
+Y = RNG.normal(size=(48, 1)).astype(np.float32)
+IMAGES = RNG.normal(size=(48, 6, 6, 2)).astype(np.float32)
+IDS = RNG.integers(0, 13, size=(48, 3)).astype(np.int32)
+
+
+def mlp() -> keras.Model:
+    """Sizes that divide by neither 2 nor 4 (35, 5) and a one-element bias."""
+    return keras.Sequential([keras.Input((7,)), keras.layers.Dense(5, activation="tanh"), keras.layers.Dense(1)])
+
+
+def conv() -> keras.Model:
+    return keras.Sequential([keras.Input((6, 6, 2)), keras.layers.Conv2D(3, 3, activation="relu"),
+                             keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(1)])
+
+
+def embedding() -> keras.Model:
+    ids = keras.Input((3,), dtype="int32")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(13, 4)(ids))
+    return keras.Model(ids, keras.layers.Dense(1)(pooled))
+
+
+def batch_norm() -> keras.Model:
+    # No bias before the normalization: its gradient is rounding noise, which the comparison would measure.
+    return keras.Sequential([keras.Input((7,)), keras.layers.Dense(6, use_bias=False), keras.layers.BatchNormalization(),
+                             keras.layers.Activation("relu"), keras.layers.Dense(1)])
+
+
+MODELS = {"dense": (mlp, X), "conv2d": (conv, IMAGES), "embedding": (embedding, IDS), "batch_norm": (batch_norm, X)}
+OPTIMIZERS = {
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+}
+# The other element-wise optimizers stages 1 and 2 test, on the dense model at 2 ranks.
+MORE_OPTIMIZERS = {
+    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.1),
+    "rmsprop_centered": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5, centered=True),
+    "lion": lambda: keras.optimizers.Lion(0.003),
+}
+
+
+def dataset(inputs: np.ndarray) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensor_slices((inputs, Y)).batch(GLOBAL_BATCH)
+
+
+def strategy_for(shard: bool, regather: bool = True) -> sd.DataParallelStrategy:
+    if shard and not regather:
+        return sd.DataParallelStrategy(shard_parameters=sd.sharding.ParameterSharding(regather_in_backward=False))
+    return sd.DataParallelStrategy(shard_parameters=shard)
+
+
+def fit(shard: bool, build, inputs: np.ndarray, make_optimizer, policy: str = "float32",
+        accumulation: int = 0, regather: bool = True) -> keras.Model:
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        with strategy_for(shard, regather).scope():
+            keras.utils.set_random_seed(3)
+            model = build()
+            optimizer = make_optimizer()
+            if accumulation:
+                optimizer.gradient_accumulation_steps = accumulation
+            model.compile(optimizer=optimizer, loss="mse")
+        model.fit(dataset(inputs), epochs=1, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return model
+
+
+def relative_difference(a: list, b: list) -> float:
+    return max(float(np.max(np.abs(p - q)) / (np.max(np.abs(p)) + 1e-12)) for p, q in zip(a, b))
+
+
+def inner(optimizer):
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+def pairs_for_this_rank_count() -> list:
+    """Every model with SGD and Adam at 2 ranks; at 4 ranks (twice the cost) each model with one of them.
+
+    The embedding trains with SGD only: its gradient reaches the piece dense (the reduce-scatter
+    is dense), where the unsharded run keeps it sparse, and Keras' sparse Adam update differs
+    from its dense one (docs/sharding.md, "Sparse gradients"); SGD's does not.
+    """
+    if SIZE <= 2:
+        return [(m, o) for m in MODELS for o in OPTIMIZERS if (m, o) != ("embedding", "adam")]
+    return [("dense", "adam"), ("conv2d", "sgd_momentum"), ("embedding", "sgd_momentum"), ("batch_norm", "adam")]
+
+
+class SameTrainingTest(SyncAssertions):
+    def assert_same_training(self, sharded: keras.Model, unsharded: keras.Model) -> None:
+        self.assertIsInstance(inner(sharded.optimizer), PieceApply)
+        self.assertNotIsInstance(inner(unsharded.optimizer), PieceApply)
+        sharded_weights = sharded.get_weights()  # a collective: every rank reads
+        self.assertEqual([w.shape for w in sharded_weights], [w.shape for w in unsharded.get_weights()])
+        self.assertLess(relative_difference(unsharded.get_weights(), sharded_weights), RTOL)
+        trainable = np.concatenate([w.numpy().ravel() for w in sharded.trainable_weights])
+        self.assert_identical_on_all_ranks(trainable)
+
+    def test_fit_trains_as_unsharded(self):
+        for model_name, optimizer_name in pairs_for_this_rank_count():
+            build, inputs = MODELS[model_name]
+            make = OPTIMIZERS[optimizer_name]
+            with self.subTest(model=model_name, optimizer=optimizer_name):
+                self.assert_same_training(fit(True, build, inputs, make), fit(False, build, inputs, make))
+
+    def test_the_other_optimizers_train_as_unsharded(self):
+        if SIZE > 2:
+            self.skipTest("the rank count changes nothing here that the models above do not test")
+        for name, make in MORE_OPTIMIZERS.items():
+            with self.subTest(optimizer=name):
+                self.assert_same_training(fit(True, mlp, X, make), fit(False, mlp, X, make))
+
+    def test_gradient_accumulation_keeps_piece_sized_buffers(self):
+        sharded = fit(True, mlp, X, OPTIMIZERS["adam"], accumulation=3)
+        unsharded = fit(False, mlp, X, OPTIMIZERS["adam"], accumulation=3)
+        buffers = [v for v in sharded.optimizer.variables if "accumulator" in v.name]
+        self.assertTrue(buffers)
+        self.assertTrue(all(len(v.shape) == 1 for v in buffers), [v.shape for v in buffers])
+        self.assert_same_training(sharded, unsharded)
+
+    def test_loss_scale_optimizer_under_mixed_precision(self):
+        sharded = fit(True, mlp, X, OPTIMIZERS["adam"], policy="mixed_float16")
+        unsharded = fit(False, mlp, X, OPTIMIZERS["adam"], policy="mixed_float16")
+        self.assertIsInstance(sharded.optimizer, keras.optimizers.LossScaleOptimizer)
+        self.assert_same_training(sharded, unsharded)
+
+    def test_a_custom_loop_trains_as_unsharded(self):
+        def train(shard: bool) -> keras.Model:
+            strategy = strategy_for(shard)
+            with strategy.scope():
+                keras.utils.set_random_seed(3)
+                model = mlp()
+                optimizer = OPTIMIZERS["adam"]()
+            loss_fn = keras.losses.MeanSquaredError(reduction=None)
+
+            @tf.function
+            def step(x, y):
+                def replica_step(x, y):
+                    with tf.GradientTape() as tape:
+                        loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)),
+                                                          global_batch_size=GLOBAL_BATCH)
+                    grads = tape.gradient(loss, model.trainable_variables)
+                    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+                strategy.run(replica_step, args=(x, y))
+
+            for x, y in strategy.experimental_distribute_dataset(dataset(X)):
+                step(x, y)
+            model.compile(optimizer=optimizer)  # assert_same_training reads model.optimizer
+            return model
+
+        self.assert_same_training(train(True), train(False))
+
+
+class GatherPlacementTest(SyncAssertions):
+    def gathers_in_a_step(self, regather: bool) -> int:
+        strategy = strategy_for(True, regather)
+        with strategy.scope():
+            model = conv()
+            optimizer = keras.optimizers.SGD(0.1)
+
+        @tf.function
+        def step(x, y):
+            def replica_step(x, y):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+            strategy.run(replica_step, args=(x, y))
+
+        graph = step.get_concrete_function(tf.TensorSpec([None, 6, 6, 2]), tf.TensorSpec([None, 1])).graph.as_graph_def()
+        # The step's own nodes and those of the functions it calls (the recomputed backward among them).
+        nodes = list(graph.node) + [node for function in graph.library.function for node in function.node_def]
+        return sum(1 for node in nodes if node.op == "SmdistAllgather")
+
+    def test_weights_are_gathered_again_for_the_backward_unless_kept(self):
+        # conv(): a Conv2D and a Dense with a kernel and a bias each, read once in the forward pass.
+        self.assertEqual(self.gathers_in_a_step(regather=False), 4)
+        self.assertEqual(self.gathers_in_a_step(regather=True), 8)
+
+    def test_keeping_the_gathered_weights_trains_the_same(self):
+        for build, inputs in (MODELS["conv2d"], MODELS["dense"]):
+            self.assertLess(relative_difference(fit(True, build, inputs, OPTIMIZERS["adam"], regather=False).get_weights(),
+                                                fit(False, build, inputs, OPTIMIZERS["adam"]).get_weights()), RTOL)
+
+
+class MemoryTest(SyncAssertions):
+    def test_each_rank_holds_one_nth_of_every_weight(self):
+        with strategy_for(True).scope():
+            model = batch_norm()
+        trainable, padding = 0, 0
+        for weight in model.trainable_weights:
+            parameter = sharded_parameter(weight)
+            self.assertIsInstance(parameter, ShardedParameter, weight.path)
+            size = int(np.prod(weight.shape))
+            self.assertEqual(int(np.prod(parameter.piece.shape)), -(-size // SIZE), weight.path)
+            trainable += int(np.prod(parameter.piece.shape)) * 4
+            padding += (SIZE - 1) * 4
+        unsharded = sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights)
+        self.assertLessEqual(trainable, unsharded / SIZE + padding)
+        # Moving statistics are not trainable: whole, as without sharding.
+        self.assertTrue(all(sharded_parameter(w) is None for w in model.non_trainable_weights))
+
+
+    def test_a_full_value_assigned_keeps_this_ranks_piece(self):
+        with strategy_for(True).scope():
+            model = mlp()
+        values = [RNG.normal(size=w.shape).astype(np.float32) for w in model.get_weights()]  # same on every rank
+        model.set_weights(values)
+        kernel = sharded_parameter(model.trainable_weights[0])
+        self.assertAllEqual(kernel.piece.numpy(), kernel.layout.shard_of_array(0, values[0]))
+        sd.broadcast_variables(model.variables, root_rank=0)
+        for want, got in zip(values, model.get_weights()):
+            self.assertAllEqual(want, got)
+        with self.assertRaisesRegex(ValueError, "every rank"):
+            np.array(model.trainable_weights[0])  # a collective on one rank would hang: refused
+
+
+class CheckpointTest(SyncAssertions):
+    def test_a_saved_model_is_the_unsharded_one_and_loads_anywhere(self):
+        trained = fit(True, mlp, X, OPTIMIZERS["adam"])
+        reference = fit(False, mlp, X, OPTIMIZERS["adam"])
+        expected = trained.get_weights()
+        directory = sd.broadcast_object(tempfile.mkdtemp(prefix="smdist_zero3_") if RANK == 0 else None)
+        path = os.path.join(directory, "model.keras")
+        sd.distribute.save_on_rank_zero(trained, path)
+        # Plain Keras, no strategy: the file holds full weights and full Adam moments.
+        plain = keras.saving.load_model(path)
+        for want, got in zip(expected, plain.get_weights()):
+            self.assertAllEqual(want, got)
+        self.assertEqual([tuple(v.shape) for v in plain.optimizer.variables],
+                         [tuple(v.shape) for v in reference.optimizer.variables])
+        self.assertLess(relative_difference([v.numpy() for v in reference.optimizer.variables[1:]],
+                                            [v.numpy() for v in plain.optimizer.variables[1:]]), RTOL)
+        # Back into a sharded model: each rank keeps its pieces of the weights and of the moments.
+        with strategy_for(True).scope():
+            restored = keras.saving.load_model(path)
+        self.assertIsInstance(restored.optimizer, PieceApply)
+        for want, got in zip(expected, restored.get_weights()):
+            self.assertAllEqual(want, got)
+        for before, after in zip(trained.optimizer.variables, restored.optimizer.variables):
+            self.assertAllEqual(before.numpy(), after.numpy())
+        with self.assertRaisesRegex(ValueError, "save_on_rank_zero"):
+            restored.save(os.path.join(directory, f"not-gathered-{RANK}.keras"))  # outside gathered_state
+        sd.barrier()
+        if RANK == 0:
+            shutil.rmtree(directory)
+
+
+class RefusedTest(SyncAssertions):
+    def test_what_is_not_supported_fails_on_every_rank(self):
+        with self.assertRaisesRegex(ValueError, "compression"):
+            sd.DataParallelStrategy(shard_parameters=True, compression=sd.Compression.fp16)
+        with self.assertRaisesRegex(ValueError, "process set"):
+            sd.DataParallelStrategy(shard_parameters=True, process_set=sd.ProcessSet([0]))
+        strategy = strategy_for(True)
+        with strategy.scope():
+            with self.assertRaisesRegex(ValueError, "clipping"):
+                keras.optimizers.Adam(clipnorm=1.0)
+            with self.assertRaisesRegex(ValueError, "element-wise"):
+                keras.optimizers.Lamb()
+        with strategy.scope():
+            constrained = keras.Sequential([keras.Input((7,)), keras.layers.Dense(1, kernel_constraint="non_neg")])
+            constrained.compile(optimizer="sgd", loss="mse")
+        with self.assertRaisesRegex(ValueError, "constraint"):
+            constrained.fit(dataset(X), epochs=1, verbose=0)
+        outside = mlp()
+        with strategy.scope():
+            optimizer = keras.optimizers.SGD()
+        with self.assertRaisesRegex(ValueError, "not sharded"):
+            optimizer.build(outside.trainable_variables)
+        self.assert_engine_healthy()
