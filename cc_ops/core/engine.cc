@@ -349,6 +349,11 @@ std::string Engine::intra_host_allreduce() const {
   return world_transports_ ? world_transports_->intra_host_allreduce() : std::string();
 }
 
+bool Engine::negotiation_spares_cores() const {
+  std::lock_guard<std::mutex> state(state_mu_);
+  return world_transports_ != nullptr && world_transports_->spares_cores_in_negotiation();
+}
+
 Topology Engine::topology() const {
   std::lock_guard<std::mutex> state(state_mu_);
   return topology_;

@@ -58,6 +58,8 @@ class Engine {
   bool initialized() const { return initialized_.load(); }
   Topology topology() const;
   std::string intra_host_allreduce() const;
+  // Whether negotiation waits sleep between polls (ranks outnumber cores on some host).
+  bool negotiation_spares_cores() const;
   // Whether the communication runtime lets several threads call it at once
   // (MPI_THREAD_MULTIPLE): point-to-point messages need it.
   bool runtime_threads_multiple() const { return runtime_threads_multiple_; }

@@ -71,6 +71,7 @@ class Transports {
   const std::shared_ptr<SharedOutputArena>& output_arena() const { return output_arena_; }
   // How large allreduces travel between ranks of one host (for introspection).
   const std::string& intra_host_allreduce() const { return intra_host_allreduce_; }
+  bool spares_cores_in_negotiation() const { return spare_cores_; }
   // Single-host allreduces of at least this many bytes read peers' memory
   // directly; whether that size was measured here (config unset) or given.
   int64_t cross_memory_min_bytes() const { return cross_memory_min_bytes_; }
@@ -95,6 +96,8 @@ class Transports {
   std::string intra_host_allreduce_;
   int64_t cross_memory_min_bytes_ = 0;
   bool cross_memory_min_measured_ = false;
+  // Some host runs more ranks than it has cores: negotiation waits sleep (MpiControlPlane).
+  bool spare_cores_ = false;
   // The intra-host transports among data_, or null.
   SharedMemoryAllreduce* shm_ = nullptr;
   CrossMemoryAllreduce* cma_ = nullptr;

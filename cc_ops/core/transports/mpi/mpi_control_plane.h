@@ -1,6 +1,7 @@
 // Negotiation messages over MPI collectives on one group's communicator.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "transports/control_plane.h"
@@ -10,7 +11,10 @@ namespace smdist {
 
 class MpiControlPlane : public ControlPlane {
  public:
-  explicit MpiControlPlane(std::shared_ptr<MpiCommunicators> comms) : comms_(std::move(comms)) {}
+  // spare_cores: wait for a round with nonblocking calls that sleep between polls (every rank of the
+  // communicator must choose alike: a nonblocking collective does not match a blocking one).
+  MpiControlPlane(std::shared_ptr<MpiCommunicators> comms, bool spare_cores)
+      : comms_(std::move(comms)), spare_cores_(spare_cores) {}
 
   const Topology& topology() const override { return comms_->topology(); }
   Status GatherToRoot(const std::vector<uint8_t>& mine,
@@ -20,7 +24,12 @@ class MpiControlPlane : public ControlPlane {
   const MpiCommunicators& communicators() const { return *comms_; }
 
  private:
+  // The blocking call, or the nonblocking one started by `start` and waited for sparing the core.
+  Status Round(const char* what, const std::function<int()>& blocking,
+               const std::function<int(MPI_Request*)>& start) const;
+
   std::shared_ptr<MpiCommunicators> comms_;
+  bool spare_cores_;
 };
 
 }  // namespace smdist
