@@ -27,6 +27,19 @@ from typing import Any, Callable
 STEP_TIMEOUT_S = 3000
 
 
+def _lowest_autogroup_priority(pid: int) -> None:
+    """Gives the step's new session the lowest weight against the tests' sessions.
+
+    Where the kernel groups processes by session (``/proc/sys/kernel/sched_autogroup_enabled``),
+    CPU time is shared between sessions first and ``nice`` only orders the processes within
+    one: a build in a session of its own would take half the cores from a test's MPI job.
+    Without autogroups the file is absent and ``nice`` alone does it.
+    """
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    if autogroup.exists():
+        autogroup.write_text("19")
+
+
 class Commands:
     """Runs a build's steps under ``nice -n 19``, each in a process group; ``kill`` ends them and removes the
     build's temporary directories."""
@@ -50,6 +63,7 @@ class Commands:
                 raise RuntimeError("the session ended before this build step")
             proc = subprocess.Popen(["nice", "-n", "19", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            _lowest_autogroup_priority(proc.pid)
             self._running.add(proc)
         try:
             out, _ = proc.communicate(timeout=STEP_TIMEOUT_S)

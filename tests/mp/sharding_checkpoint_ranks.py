@@ -27,6 +27,21 @@ DATA = tf.data.Dataset.from_tensor_slices((RNG.normal(size=(96, 7)).astype(np.fl
                                            RNG.normal(size=(96, 1)).astype(np.float32))).batch(24)
 
 
+def trained(strategy: sd.DataParallelStrategy) -> keras.Model:
+    """The model both files start from, made in ``strategy``'s scope and trained one epoch."""
+    with strategy.scope():
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(9, activation="tanh"), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.01, amsgrad=True), loss="mse")
+    model.fit(DATA, epochs=1, verbose=0)
+    return model
+
+
+def relative_difference(model: keras.Model, reference: keras.Model) -> float:
+    return max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+               for a, b in zip(model.get_weights(), reference.get_weights()))
+
+
 def load(shard: bool) -> keras.Model:
     with sd.DataParallelStrategy(shard_optimizer_state=shard).scope():
         return keras.saving.load_model(PATH)
@@ -43,27 +58,15 @@ def resume_stage3() -> None:
     loaded_equal = all(np.array_equal(a, b) for a, b in zip(sharded.get_weights(), unsharded.get_weights()))
     for model in (sharded, unsharded):
         model.fit(DATA, epochs=1, verbose=0)
-    difference = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-                     for a, b in zip(sharded.get_weights(), unsharded.get_weights()))
     print(f"rank {sd.rank()}: stage 3 resumed at {sd.size()} ranks: weights equal {loaded_equal}, "
-          f"trained match {difference < 1e-5}", flush=True)
+          f"trained match {relative_difference(sharded, unsharded) < 1e-5}", flush=True)
     if MODE == "resume-and-save":
         sd.distribute.save_on_rank_zero(sharded, STAGE3_PATH)
 
 
 if MODE == "save":
-    with sd.DataParallelStrategy(shard_optimizer_state=True).scope():
-        keras.utils.set_random_seed(5)
-        model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(9, activation="tanh"), keras.layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.Adam(0.01, amsgrad=True), loss="mse")
-    model.fit(DATA, epochs=1, verbose=0)
-    sd.distribute.save_on_rank_zero(model, PATH)
-    with sd.DataParallelStrategy(shard_parameters=True).scope():
-        keras.utils.set_random_seed(5)
-        model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(9, activation="tanh"), keras.layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.Adam(0.01, amsgrad=True), loss="mse")
-    model.fit(DATA, epochs=1, verbose=0)
-    sd.distribute.save_on_rank_zero(model, STAGE3_PATH)
+    sd.distribute.save_on_rank_zero(trained(sd.DataParallelStrategy(shard_optimizer_state=True)), PATH)
+    sd.distribute.save_on_rank_zero(trained(sd.DataParallelStrategy(shard_parameters=True)), STAGE3_PATH)
     print(f"rank {sd.rank()}: saved at {sd.size()} ranks", flush=True)
 else:
     resume_stage3()
@@ -74,10 +77,8 @@ else:
     state_equal = all(np.array_equal(a, b.numpy()) for a, b in zip(full, unsharded.optimizer.variables))
     for model in (sharded, unsharded):
         model.fit(DATA, epochs=1, verbose=0)
-    difference = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-                     for a, b in zip(sharded.get_weights(), unsharded.get_weights()))
     print(f"rank {sd.rank()}: resumed at {sd.size()} ranks: state equal {state_equal}, "
-          f"weights match {difference < 1e-5}", flush=True)
+          f"weights match {relative_difference(sharded, unsharded) < 1e-5}", flush=True)
     if MODE == "resume-and-save":
         sd.distribute.save_on_rank_zero(sharded, PATH)
         print(f"rank {sd.rank()}: saved at {sd.size()} ranks", flush=True)
