@@ -10,12 +10,14 @@ job; cases alternate within each repeat so ratios compare the same minutes:
 * ``smdist_staged``: ``SMDIST_GPU_OPERATIONS=MPI``: device -> host, the CPU allreduce, host -> device.
 * ``smdist_xla``: the same allreduce compiled by JAX's XLA into our custom call, whose CUDA handler
   (cc_ops/xla) queues it on XLA's stream (tests/gpu/jax_engine.py); skipped where JAX has no GPU.
+* ``jax_floor``: a jitted elementwise op of the same size (``x * 2``) and no collective: what any one
+  jitted call costs JAX and the GPU here, the floor under ``smdist_xla``.
 
 On a machine with one GPU every NCCL case runs at one rank (NCCL refuses two ranks on one
 GPU), where an allreduce moves no bytes between ranks: busbw is 0 and the figure that
 compares is time (``algbw_GBps``: bytes / time). The staged case also runs at 2 ranks sharing
 the GPU. JSON lines; the last has ``"summary": true`` with smdist_nccl / nccl_raw and
-smdist_xla / nccl_raw per size. Every rank runs rank 0's iteration count.
+smdist_xla / nccl_raw and jax_floor / smdist_xla per size. Every rank runs rank 0's iteration count.
 """
 
 from __future__ import annotations
@@ -52,20 +54,24 @@ def worker(args: argparse.Namespace) -> None:
     stream = cupy.cuda.Stream(non_blocking=True)
     if args.worker == "nccl_raw":
         comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    elif args.worker == "jax_floor":
+        pass  # no engine: one process, nothing to agree on
     else:
         rt.init()
         dc = DeviceCollectives(rt, 0, stream)
-    if args.worker == "smdist_xla":
+    if args.worker in ("smdist_xla", "jax_floor"):
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         import jax
 
         from tests.gpu import jax_engine
-        jax_engine.register_handlers()
+        if args.worker == "smdist_xla":
+            jax_engine.register_handlers()
         try:
             jax_gpu = jax.devices("gpu")[0]
         except RuntimeError as err:
             print(json.dumps({"system": args.worker, "skipped": f"JAX has no GPU: {err}"}), flush=True)
-            rt.shutdown()
+            if args.worker == "smdist_xla":
+                rt.shutdown()
             return
     for size in args.sizes:
         count = size // 4
@@ -76,9 +82,12 @@ def worker(args: argparse.Namespace) -> None:
         if args.worker == "nccl_raw":
             def once() -> None:
                 comm.allReduce(x.data.ptr, y.data.ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
-        elif args.worker == "smdist_xla":
+        elif args.worker in ("smdist_xla", "jax_floor"):
             xla_x = jax.device_put(np.ones(count, np.float32), jax_gpu)
-            call = jax_engine.jitted(jax_engine.ALLREDUCE, [((count,), np.float32)], f"bench.xla.{size}")
+            if args.worker == "smdist_xla":
+                call = jax_engine.jitted(jax_engine.ALLREDUCE, [((count,), np.float32)], f"bench.xla.{size}")
+            else:
+                call = jax.jit(lambda v: [v * 2.0])
             xla_out = [xla_x]
 
             def once() -> None:
@@ -100,7 +109,7 @@ def worker(args: argparse.Namespace) -> None:
         synchronize()
         per_call = (time.perf_counter() - start) / 10
         iters = int(min(2000, max(3, args.seconds / max(per_call, 1e-9))))
-        if args.worker != "nccl_raw":
+        if args.worker not in ("nccl_raw", "jax_floor"):
             agreed = np.array([iters], np.int64)
             rt._broadcast_buffer(agreed, 0, f"bench.iterations.{size}", 0)
             iters = int(agreed[0])
@@ -111,22 +120,23 @@ def worker(args: argparse.Namespace) -> None:
                 synchronize()
         synchronize()
         secs = (time.perf_counter() - start) / iters
-        if args.worker == "smdist_xla":
+        if args.worker in ("smdist_xla", "jax_floor"):
             y = cupy.asarray(np.asarray(xla_out[0]))
-        if float(y[:1].get()[0]) != float(n):
-            raise SystemExit(f"{args.worker}: wrong result {y[:1].get()[0]} (want {n})")
+        want = 2.0 if args.worker == "jax_floor" else float(n)
+        if float(y[:1].get()[0]) != want:
+            raise SystemExit(f"{args.worker}: wrong result {y[:1].get()[0]} (want {want})")
         if rank == 0:
             algbw = size / secs / 1e9
             print(json.dumps({"system": args.worker, "np": n, "size_bytes": size, "seconds": secs, "iters": iters,
                               "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n}), flush=True)
-    if args.worker != "nccl_raw":
+    if args.worker not in ("nccl_raw", "jax_floor"):
         rt.shutdown()
 
 
 def drive(args: argparse.Namespace) -> int:
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cases = [("nccl_raw", 1, {}), ("smdist_nccl", 1, {}), ("smdist_staged", 1, {"SMDIST_GPU_OPERATIONS": "MPI"}),
-             ("smdist_staged", 2, {"SMDIST_GPU_OPERATIONS": "MPI"}), ("smdist_xla", 1, {})]
+             ("smdist_staged", 2, {"SMDIST_GPU_OPERATIONS": "MPI"}), ("smdist_xla", 1, {}), ("jax_floor", 1, {})]
     sizes = ",".join(str(s) for s in args.sizes)
     records, failed = [], 0
     for rep in range(args.repeat):
@@ -147,13 +157,14 @@ def drive(args: argparse.Namespace) -> int:
     summary = {"summary": True, "device": "gpu"}
     for size in args.sizes:
         raw, ours, staged = median("nccl_raw", 1, size), median("smdist_nccl", 1, size), median("smdist_staged", 1, size)
-        xla = median("smdist_xla", 1, size)
+        xla, floor = median("smdist_xla", 1, size), median("jax_floor", 1, size)
         summary[str(size)] = {
             "smdist_nccl_over_raw": raw / ours if raw and ours else None,
             "smdist_staged_over_raw": raw / staged if raw and staged else None,
             "smdist_xla_over_raw": raw / xla if raw and xla else None,
             "raw_us": raw and raw * 1e6, "smdist_nccl_us": ours and ours * 1e6, "smdist_staged_us": staged and staged * 1e6,
-            "smdist_xla_us": xla and xla * 1e6,
+            "smdist_xla_us": xla and xla * 1e6, "jax_floor_us": floor and floor * 1e6,
+            "jax_floor_over_smdist_xla": floor / xla if floor and xla else None,
         }
     print(json.dumps(summary), flush=True)
     return 1 if failed else 0
@@ -167,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=0.3, help="timed seconds per size and case")
     parser.add_argument("--runtime-dir", help="where _runtime*.so is (default: smdist_tf/)")
-    parser.add_argument("--worker", choices=["nccl_raw", "smdist_nccl", "smdist_staged", "smdist_xla"])
+    parser.add_argument("--worker", choices=["nccl_raw", "smdist_nccl", "smdist_staged", "smdist_xla", "jax_floor"])
     return worker_or_driver(parser.parse_args(argv), worker, drive)
 
 

