@@ -2,7 +2,7 @@
 
 Usage: ``python scripts/gpu_kernel_listing.py OUT_DIR`` (the ``SMDIST_OUTPUT_DIR`` of
 a ``-DSMDIST_GPU_KERNELS=ON`` build), run by the Python of a CUDA build of TensorFlow
-(scripts/build_gpu.sh runs it). Needs no GPU: it loads the library and reads
+(``SMDIST_GPU=1 bash scripts/bootstrap.sh`` runs it). Needs no GPU: it loads the library and reads
 TensorFlow's kernel registry; nothing runs on a device.
 
 The collective ops are the ``REGISTER_OP`` names in cc_ops/tf/collective_ops.cc,

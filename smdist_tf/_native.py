@@ -89,8 +89,8 @@ def missing_gpu_kernels(info: dict, gpus: list) -> Optional[str]:
         return None
     return (f"smdist_tf: TensorFlow sees {len(gpus)} GPU(s), but these smdist_tf ops have CPU kernels only, so "
             f"GPU tensors are copied to the host for every collective. Build the GPU variant "
-            f"(`bash scripts/build_gpu.sh`, or a build with `-DSMDIST_GPU_KERNELS=ON` and the `tensorflow` package) "
-            f"to reduce them on the GPU with NCCL.")
+            f"(`SMDIST_GPU=1 bash scripts/bootstrap.sh`, or a build with `-DSMDIST_GPU_KERNELS=ON` and the "
+            f"`tensorflow` package) to reduce them on the GPU with NCCL.")
 
 
 def load() -> tuple[ModuleType, ModuleType, dict]:

@@ -170,7 +170,7 @@ def run_gpu_checks(python: str = sys.executable, timeout: float = 300) -> tuple[
                              "and check `nvidia-smi`)"}]
     if not build_info.get("gpu_kernels"):
         return 2, [{"error": "these smdist_tf ops have CPU kernels only: build the GPU variant "
-                             "(`bash scripts/build_gpu.sh`, see docs/gpus.md) to check the GPU paths"}]
+                             "(`SMDIST_GPU=1 bash scripts/bootstrap.sh`, see docs/gpus.md) to check the GPU paths"}]
     results, status = [], 0
     with tempfile.TemporaryDirectory(prefix="smdist_check_") as tmp:
         for gpu in range(len(gpus)):

@@ -46,7 +46,7 @@ class MissingGpuKernelsTest(tf.test.TestCase):
     def test_gpus_with_a_cpu_only_build_are_told_how_to_build_the_gpu_variant(self):
         message = _native.missing_gpu_kernels({"gpu_kernels": False}, ["GPU:0", "GPU:1"])
         self.assertIn("sees 2 GPU(s)", message)
-        self.assertIn("scripts/build_gpu.sh", message)
+        self.assertIn("SMDIST_GPU=1 bash scripts/bootstrap.sh", message)
 
     def test_no_message_without_gpus_or_with_gpu_kernels(self):
         self.assertIsNone(_native.missing_gpu_kernels({"gpu_kernels": False}, []))

@@ -61,9 +61,9 @@ def test_dockerfile_names_only_what_exists():
     assert "openssh-server" in text  # /usr/sbin/sshd, the workers' command
     for path in re.findall(r"\b((?:scripts|examples)/[\w./-]+)", text):
         assert (ROOT / path).exists(), path
-    # The build argument swaps the TensorFlow line of requirements.txt.
-    assert "s/^tensorflow-cpu==/" in text
-    assert re.search(r"^tensorflow-cpu==", (ROOT / "requirements.txt").read_text(), re.M)
+    # The build argument picks bootstrap.sh's variant.
+    assert "SMDIST_GPU=${SMDIST_GPU} PYTHON=python3.11 bash scripts/bootstrap.sh" in text
+    assert 'gpu="${SMDIST_GPU:-' in (ROOT / "scripts" / "bootstrap.sh").read_text()
     build = re.search(r"docker build -f (\S+)", text)
     assert build and (ROOT / build.group(1)).is_file()
 

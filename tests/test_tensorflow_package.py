@@ -1,22 +1,17 @@
-"""smdist_tf builds and runs against the ``tensorflow`` package, the CUDA-capable one users install by default.
+"""The GPU setup a user runs, ``SMDIST_GPU=1 bash scripts/bootstrap.sh``, on the ``tensorflow`` package.
 
-The suite itself runs on ``tensorflow-cpu``. Here a fresh virtual environment gets
-``tensorflow`` of the same version alone (``--no-deps``); everything else (Keras,
-NumPy, Open MPI, pytest, the build tools) comes from this environment's site-packages
-through a ``.pth`` line, which Python appends after the new environment's own
-packages, so ``import tensorflow`` finds the ``tensorflow`` distribution. A copy of
-the source tree is built against it by ``pip wheel`` (whose wheel must pin
-``tensorflow``), and a smoke subset of the suite runs in that copy: the
-single-process tests and the collectives' suite at 2 ranks.
+The suite itself runs on ``tensorflow-cpu``. Here a copy of the source tree is set up the way
+docs/installation.md tells a GPU user: ``SMDIST_GPU=1 bash scripts/bootstrap.sh`` makes the copy's
+``.venv`` hold ``tensorflow`` (the CUDA build; without the gigabytes of CUDA libraries of
+``tensorflow[and-cuda]``, which importing and listing kernels do not need and no GPU here could
+use) and the GPU variant of the ops as the installed smdist_tf. Checked: TensorFlow's kernel
+registry lists a GPU and a CPU kernel for every op in cc_ops/tf/collective_ops.cc (compiled only:
+there is no GPU here); that environment's ``smdistrun --check-build`` reports the GPU kernels and
+the XLA_GPU_JIT lowering; the wheel built there pins ``tensorflow``; and a smoke subset of the suite
+(the single-process tests, the collectives' suite at 2 ranks) passes with that build.
 
-The same copy then builds the GPU variant (``scripts/build_gpu.sh``, reusing this
-environment as its side venv): compiled only, since there is no GPU here, and
-checked through TensorFlow's kernel registry, which must list a ``GPU`` kernel for
-every op in cc_ops/tf/collective_ops.cc. It builds in the wheel's build tree, so only the
-op kernels compile again.
-
-The builds (the venv, the wheel, the GPU variant) are CPU work no test times: they start with
-the session, niced, in the CPU time the other tests leave idle (tests/background_builds.py).
+The setup (venv, packages, build, wheel) is CPU work no test times: it starts with the session,
+niced, in the CPU time the other tests leave idle (tests/background_builds.py).
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ import json
 import re
 import shutil
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -53,45 +47,33 @@ def run(argv: list[str], cwd: Path, timeout: float, env: dict) -> str:
 @dataclasses.dataclass
 class LaneBuild:
     tmp: Path
-    python: str
-    site: Path
-    probe: str
     tree: Path
-    cpu_ops_mtime: int
-    gpu_out: Path
-    listing: str
+    python: str
+    bootstrap: str
+    probe: str
+    check_build: str
 
 
 def build_the_lane(commands: background_builds.Commands) -> LaneBuild:
-    """The venv with ``tensorflow``, the wheel built against it, and the GPU variant: CPU work no test times."""
+    """A copy of the tree set up by ``SMDIST_GPU=1 bash scripts/bootstrap.sh``, and its wheel: CPU work no test
+    times."""
     tmp = commands.temporary_directory("tensorflow_package_lane_")
     env = mpi_env()
     env.pop("PYTHONPATH")  # the source tree must stay out of sight until the copy is built
-
-    venv = tmp / "venv"
-    commands.run([sys.executable, "-m", "venv", str(venv)], tmp, env)
-    python = str(venv / "bin" / "python")
-    site = next((venv / "lib").glob("python3.*/site-packages"))
-    (site / "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    commands.run([python, "-m", "pip", "install", "--no-deps", "-q", f"tensorflow=={tf.__version__}"], tmp, env)
-    probe = commands.run([python, "-c", "import json, tensorflow as tf; print(json.dumps([tf.__version__, "
-                                        "tf.__file__, tf.sysconfig.get_build_info()['is_cuda_build']]))"], tmp, env)
-
     tree = tmp / "source"
     shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "__pycache__",
-                                                              "*.so", "build_info.json", "*.egg-info",
-                                                              ".venv-gpu"))
-    # The wheel pins the TensorFlow it was built beside; the build leaves the libraries in the tree too.
+                                                              "*.so", "build_info.json", "*.egg-info"))
+    bootstrap = commands.run(["bash", "scripts/bootstrap.sh"], tree,
+                             {**env, "PYTHON": sys.executable, "SMDIST_GPU": "1",
+                              "SMDIST_GPU_TENSORFLOW": f"tensorflow=={tf.__version__}"})
+    python = str(tree / ".venv" / "bin" / "python")
+    probe = commands.run([python, "-c", "import json, tensorflow as tf; print(json.dumps([tf.__version__, "
+                                        "tf.__file__, tf.sysconfig.get_build_info()['is_cuda_build']]))"], tree, env)
+    # The same configuration as the installed build: nothing compiles again, and the in-tree libraries stay.
     commands.run([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(tmp / "dist"),
-                  "."], tree, env)
-    # The GPU variant, into a folder of its own: the CPU build in the copy stays as it is.
-    cpu_ops_mtime = (tree / "smdist_tf" / "smdist_tf_ops.so").stat().st_mtime_ns
-    gpu_out = tmp / "gpu" / "smdist_tf"
-    # In the wheel's build tree (build/cmake), so the engine and bindings are not compiled again.
-    listing = commands.run(["bash", "scripts/build_gpu.sh"], tree,
-                           {**env, "SMDIST_BASE_PYTHON": sys.executable, "SMDIST_GPU_VENV": str(venv),
-                            "SMDIST_GPU_OUT": str(gpu_out), "SMDIST_GPU_BUILD_DIR": str(tree / "build" / "cmake")})
-    return LaneBuild(tmp, python, site, probe, tree, cpu_ops_mtime, gpu_out, listing)
+                  "-C", "cmake.define.SMDIST_GPU_KERNELS=ON", "."], tree, env)
+    check_build = commands.run([str(tree / ".venv" / "bin" / "smdistrun"), "--check-build"], tree, env)
+    return LaneBuild(tmp, tree, python, bootstrap, probe, check_build)
 
 
 LANE = background_builds.register("tensorflow package lane", build_the_lane)
@@ -99,26 +81,24 @@ LANE = background_builds.register("tensorflow package lane", build_the_lane)
 
 class TensorflowPackageTest(tf.test.TestCase):
     @pytest.mark.background_build("tensorflow package lane")
-    def test_the_build_and_a_smoke_subset_run_against_the_tensorflow_package(self):
+    def test_the_gpu_setup_of_the_docs_builds_and_a_smoke_subset_runs(self):
         lane = LANE.result()
         version, location, cuda_build = json.loads(lane.probe.strip().splitlines()[-1])
         self.assertEqual(version, tf.__version__)
-        self.assertTrue(location.startswith(str(lane.site)), location)  # the new package, not tensorflow-cpu
+        self.assertTrue(location.startswith(str(lane.tree / ".venv")), location)  # the new package, not tensorflow-cpu
         self.assertTrue(cuda_build)
 
+        tree = lane.tree
+        info = json.loads((tree / "smdist_tf" / "build_info.json").read_text())
+        self.assertEqual(info["tensorflow_version"], tf.__version__)
+        self.assertTrue(info["gpu_kernels"])
+        self.assertEqual((tree / ".venv" / ".smdist_gpu").read_text().strip(), "1")  # a later bootstrap keeps it
         (wheel,) = (lane.tmp / "dist").glob("smdist_tf-*.whl")
         with zipfile.ZipFile(wheel) as z:
             meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
         self.assertIn(f"Requires-Dist: tensorflow=={tf.__version__}\n", meta)
-        tree = lane.tree
-        info = json.loads((tree / "smdist_tf" / "build_info.json").read_text())
-        self.assertEqual(info["tensorflow_version"], tf.__version__)
-        self.assertFalse(info["gpu_kernels"])  # the CUDA-capable package alone does not make a GPU build
 
-        listing = lane.listing
-        self.assertNotRegex(listing, r"Building CXX object \S*smdist_core\.dir")  # only what the variant changes
-        self.assertNotIn("installing tensorflow", listing)  # the lane's environment was reused
-        self.assertTrue(json.loads((lane.gpu_out / "build_info.json").read_text())["gpu_kernels"])
+        listing = lane.bootstrap
         ops = re.findall(r'REGISTER_OP\("(\w+)"\)', (tree / "cc_ops" / "tf" / "collective_ops.cc").read_text())
         self.assertIn("SmdistAllreduce", ops)
         for op in ops:
@@ -127,7 +107,12 @@ class TensorflowPackageTest(tf.test.TestCase):
         self.assertRegex(listing, r'op: "SmdistAlltoall"\ndevice_type: "GPU"\nhost_memory_arg: "splits"\n'
                                   r'host_memory_arg: "tensor_name"\nhost_memory_arg: "received_splits"')
         self.assertIn(f"OK: a GPU and a CPU kernel for each of the {len(ops)} collective ops", listing)
-        self.assertEqual((tree / "smdist_tf" / "smdist_tf_ops.so").stat().st_mtime_ns, lane.cpu_ops_mtime)
+        # What the environment's own smdistrun says: the installed ops are the GPU variant.
+        self.assertIn(f"({tree / 'smdist_tf'})", lane.check_build)
+        self.assertRegex(lane.check_build, r"CUDA build of TensorFlow: True")
+        self.assertRegex(lane.check_build, r"\[X\] GPU\b")
+        self.assertRegex(lane.check_build, r"\[X\] XLA_GPU_JIT")
+
         env = {**mpi_env(), "PYTHONPATH": str(tree)}
         out = run([lane.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SMOKE], tree, 1200, env)
         self.assertRegex(out, r"\d+ passed")

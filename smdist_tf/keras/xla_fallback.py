@@ -61,6 +61,7 @@ def keep_jit_compile_where_lowered(model: Any, gpus: Sequence[Any] | None = None
     warnings.warn(
         f"smdist_tf: model '{model.name}' would train with XLA on the GPU (Keras turns jit_compile on by itself "
         f"where there is a GPU), but this smdist_tf build lowers its collectives to XLA for the CPU only; training it "
-        f"without XLA. Fix: build the GPU variant (`bash scripts/build_gpu.sh`, or `-DSMDIST_GPU_KERNELS=ON` with the "
-        f"`tensorflow` package; see docs/gpus.md), or pass jit_compile=False to compile() to silence this.", stacklevel=3)
+        f"without XLA. Fix: build the GPU variant (`SMDIST_GPU=1 bash scripts/bootstrap.sh`, or "
+        f"`-DSMDIST_GPU_KERNELS=ON` with the `tensorflow` package; see docs/gpus.md), or pass jit_compile=False to "
+        f"compile() to silence this.", stacklevel=3)
     return True
