@@ -230,6 +230,7 @@ class MalformedSettingTest(tf.test.TestCase):
         ("SMDIST_AUTOTUNE_STEPS_PER_SAMPLE", "0"),
     ]
 
+    @at_two_ranks_only("each rank parses its own environment, whatever the rank count")
     def test_each_malformed_value_fails_init(self):
         for variable, value in self.CASES:
             with self.subTest(variable=variable, value=value):
@@ -272,6 +273,7 @@ class MalformedSettingTest(tf.test.TestCase):
 class StallWarningRepeatsTest(tf.test.TestCase):
     """While a collective waits, rank 0 warns every check period, naming it and the missing ranks."""
 
+    @at_two_ranks_only("rank 0's warning clock does not depend on the rank count; the next test stalls at 4 ranks")
     def test_warning_repeats_every_check_period(self):
         restart_engine(SMDIST_STALL_CHECK_TIME="1")
         try:
@@ -362,6 +364,7 @@ class LogLevelAndCycleMarksTest(tf.test.TestCase):
             restart_engine(SMDIST_STALL_CHECK_TIME="", SMDIST_LOG_LEVEL="")
         return captured.text
 
+    @at_two_ranks_only("the log level filters each rank's own messages; the stall warnings above run at 4 ranks")
     def test_error_level_hides_the_stall_warning_that_warning_level_shows(self):
         shown, hidden = self._stall_output("WARNING"), self._stall_output("ERROR")
         if RANK == 0:

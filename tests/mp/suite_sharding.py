@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import smdist_tf as sd
 from smdist_tf.sharding.optimizer import ShardedApply
+from tests.mp.rank_counts import at_two_ranks_only
 from tests.mp.sync_assertions import SyncAssertions
 
 RANK, SIZE = sd.rank(), sd.size()
@@ -134,6 +135,7 @@ class SameTrainingTest(SyncAssertions):
                 self.assert_same_training(fit_with_distributed_optimizer(True, make),
                                           fit_with_distributed_optimizer(False, make))
 
+    @at_two_ranks_only("Keras scales the loss on each rank, before the sharded update the sweeps above run at 4 ranks")
     def test_loss_scale_optimizer_under_mixed_precision(self):
         make = OPTIMIZERS["adam_amsgrad"]
         sharded = fit_under_strategy(True, make, policy="mixed_float16")
@@ -153,6 +155,7 @@ class SameTrainingTest(SyncAssertions):
         full_bytes = 3 * 4 * sum(int(np.prod(w.shape)) for w in model.trainable_weights)
         self.assertLessEqual(state_bytes, full_bytes / SIZE + 3 * 4 * len(shard_sizes) + 16)
 
+    @at_two_ranks_only("which variables are excluded is decided per variable, not per shard layout")
     def test_weight_decay_exclusions_by_name_and_by_variable(self):
         make = lambda: keras.optimizers.AdamW(0.01, weight_decay=0.2)  # noqa: E731
         exclusions = {
@@ -165,6 +168,7 @@ class SameTrainingTest(SyncAssertions):
                 self.assert_same_training(fit_under_strategy(True, make, prepare=prepare),
                                           fit_under_strategy(False, make, prepare=prepare))
 
+    @at_two_ranks_only("gradients accumulate on each rank before the reduce-scatter the sweeps above run at 4 ranks")
     def test_gradient_accumulation_in_stage_one_and_stage_two(self):
         make = lambda: keras.optimizers.Adam(0.01, gradient_accumulation_steps=2)  # noqa: E731
         unsharded = fit_under_strategy(False, make)
@@ -179,6 +183,7 @@ class SameTrainingTest(SyncAssertions):
                 else:
                     self.assertEqual([tuple(a.shape) for a in accumulators], full)
 
+    @at_two_ranks_only("the global norm over 4 shards is shown by the strategy's clipnorm test below")
     def test_global_clipnorm_spans_the_shards_with_distributed_optimizer(self):
         for clip in ({"global_clipnorm": 0.05}, {"clipnorm": 0.02}, {"clipvalue": 0.01}):
             with self.subTest(**clip):
