@@ -7,9 +7,10 @@ hits both alike:
 * ``unsharded``: ``smdist_tf.DataParallelStrategy()``;
 * ``sharded``: ``smdist_tf.DataParallelStrategy(shard_optimizer_state=True)``, with
   ``shard_gradients=True`` too under ``--stage 2``; under ``--stage 3``
-  ``DataParallelStrategy(shard_parameters=True)``, and each round also runs ``stage1``
-  and ``stage2`` jobs (four modes, rotated from round to round), so stage 3 is compared
-  with stages 0, 1 and 2 in one interleaved run.
+  ``DataParallelStrategy(shard_parameters=True)``, and each round also runs ``stage1``,
+  ``stage2`` and ``stage3_behind`` (stage 3 with ``ParameterSharding(gather_ahead=False)``:
+  no gathers one layer ahead) jobs (five modes, rotated from round to round), so stage 3 is
+  compared with stages 0, 1 and 2, and with itself without gathering ahead, in one interleaved run.
 
 Both train the same dense MLP (29.4 M float32 parameters, 235 MB of Adam state) with Keras
 ``fit`` and Adam, one TensorFlow intra-op and one inter-op thread per process. Every rank
@@ -42,7 +43,7 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).resolve()
 MODES = ("unsharded", "sharded")
-STAGE3_MODES = ("unsharded", "stage1", "stage2", "sharded")  # "sharded" is stage 3 there
+STAGE3_MODES = ("unsharded", "stage1", "stage2", "sharded", "stage3_behind")  # "sharded" is stage 3 there
 
 # Dense MLP shapes: (full run, --quick). Full: 7 x (2048 x 2048 + 2048) + 2048 x 10 + 10 parameters.
 MODEL_SPECS = ({"inputs": 2048, "width": 2048, "layers": 7, "classes": 10},
@@ -106,6 +107,10 @@ def strategy_options(mode: str, stage: int) -> dict:
         return {"shard_optimizer_state": True}
     if mode == "stage2" or stage == 2:
         return {"shard_optimizer_state": True, "shard_gradients": True}
+    if mode == "stage3_behind":
+        import smdist_tf as sd
+
+        return {"shard_parameters": sd.sharding.ParameterSharding(gather_ahead=False)}
     return {"shard_parameters": True}
 
 
@@ -320,6 +325,8 @@ def summarize_stage3(np_: int, lines: list, errors: list, args: argparse.Namespa
         "step_s": {m: med[m]["step_s"] for m in STAGE3_MODES},
         "step_time_ratio_vs_unsharded": {m: ratio(med[m]["step_s"], base["step_s"]) for m in STAGE3_MODES},
         "step_time_ratio_target": STAGE3_STEP_TIME_LIMIT,
+        # Above 1 when gathering one layer ahead made the stage-3 step faster.
+        "gather_ahead_speedup": ratio(med["stage3_behind"]["step_s"], stage3["step_s"]),
         "param_bytes": {m: med[m]["param_bytes"] for m in STAGE3_MODES},
         "state_bytes": {m: med[m]["state_bytes"] for m in STAGE3_MODES},
         "model_bytes_params_grads_state": model_bytes,

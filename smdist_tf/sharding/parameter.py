@@ -30,9 +30,13 @@ class ParameterSharding:
         regather_in_backward: gather a layer's weights again for its backward pass (its call is
             recomputed there), so they exist in full only while the layer runs; ``False`` keeps
             the forward pass's gathered weights until the backward: more memory, half the gathers.
+        gather_ahead: start a recomputed layer's gathers one layer ahead (once the previous such
+            layer's input exists), so they overlap that layer's compute; ``False`` waits for the
+            layer's own input: one layer's full weights alive at a time instead of two.
     """
 
     regather_in_backward: bool = True
+    gather_ahead: bool = True
 
 
 def gather_pieces(piece: tf.Tensor, layout: ShardLayout) -> tf.Tensor:
@@ -67,12 +71,14 @@ class ShardedParameter:
         index: this rank's position among them.
         regather_in_backward: gather the weight again for its layer's backward pass instead of
             keeping the forward pass's gathered value (smdist_tf/sharding/regather.py).
+        gather_ahead: let its layer's gathers start one layer ahead (smdist_tf/sharding/regather.py).
     """
 
     def __init__(self, piece: tf.Variable, shape: tf.TensorShape, ranks: int, index: int,
-                 regather_in_backward: bool = True) -> None:
+                 regather_in_backward: bool = True, gather_ahead: bool = True) -> None:
         self.piece = piece
         self.regather_in_backward = regather_in_backward
+        self.gather_ahead = gather_ahead
         self.layout = ShardLayout([shape], ranks, index)
         self.gathered: Optional[tf.Tensor] = None  # the full value while a checkpoint save runs
         self._view: Any = None

@@ -7,7 +7,10 @@ step. ``keras.layers.Layer.__call__`` is wrapped (a public method, monkeypatched
 per process by smdist_tf/keras/patches.py) so that, inside a ``tf.function``, a layer
 whose own weights are all sharded with ``regather_in_backward``:
 
-* gathers them only once its input exists (a control dependency on the input), and
+* gathers them once the input of the layer called before it in the same graph exists (a
+  control dependency; its own input for the first): one layer ahead, so a layer's gathers
+  overlap the previous layer's compute, and at most two layers' full weights are alive
+  (``ParameterSharding(gather_ahead=False)``: its own input, one layer's), and
 * runs under ``tf.recompute_grad``: nothing of its call, the gathered weights included,
   is kept for the backward pass; the backward runs the call again, its gathers then
   depending on the incoming gradient (``recompute_grad`` adds that dependency to the
@@ -20,12 +23,25 @@ Keras' own ``__call__``.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import keras
 import tensorflow as tf
 
 from smdist_tf.sharding.piece_optimizer import sharded_parameter
+
+# Per graph being traced: the input of the regathering layer called last, which the next one's gathers wait for.
+_last_input: "weakref.WeakKeyDictionary[tf.Graph, tf.Tensor]" = weakref.WeakKeyDictionary()
+
+
+def gathers_wait_for(inputs: tf.Tensor, ahead: bool) -> tf.Tensor:
+    """What the gathers of a layer called with ``inputs`` wait for: with ``ahead``, the previous such layer's input
+    in this graph, else ``inputs``."""
+    graph = tf.compat.v1.get_default_graph()
+    previous = _last_input.get(graph, inputs)
+    _last_input[graph] = inputs
+    return previous if ahead else inputs
 
 
 def regathers(layer: Any) -> bool:
@@ -47,9 +63,12 @@ def patch_layer_call() -> None:
                 and regathers(self)):
             return original(self, *args, **kwargs)
 
+        ahead = all(sharded_parameter(w).gather_ahead for w in self.trainable_weights)
+
         def run(inputs: tf.Tensor) -> Any:
-            # The gathers made in the call wait for the layer's input; recomputed, for the gradient.
-            with tf.control_dependencies([inputs]):
+            # The gathers made in the call wait for the previous layer's input (or this one's); recomputed, for the
+            # gradient too.
+            with tf.control_dependencies([gathers_wait_for(inputs, ahead)]):
                 return original(self, inputs, **kwargs)
 
         return tf.recompute_grad(run)(args[0])

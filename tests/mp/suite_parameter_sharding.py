@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from typing import Any
 
 import keras
 import numpy as np
@@ -196,24 +197,31 @@ class SameTrainingTest(SyncAssertions):
         self.assert_same_training(train(True), train(False))
 
 
+def traced_step(build, options: Any = True) -> Any:
+    """The GraphDef of a train step of ``build()``'s model under ``shard_parameters=options`` (the step's input is
+    named ``x``)."""
+    strategy = sd.DataParallelStrategy(shard_parameters=options)
+    with strategy.scope():
+        model = build()
+        optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x, y):
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+        strategy.run(replica_step, args=(x, y))
+
+    return step.get_concrete_function(tf.TensorSpec([None, *model.input_shape[1:]]),
+                                      tf.TensorSpec([None, 1])).graph.as_graph_def()
+
+
 class GatherPlacementTest(SyncAssertions):
     def gathers_in_a_step(self, regather: bool) -> int:
-        strategy = strategy_for(True, regather)
-        with strategy.scope():
-            model = conv()
-            optimizer = keras.optimizers.SGD(0.1)
-
-        @tf.function
-        def step(x, y):
-            def replica_step(x, y):
-                with tf.GradientTape() as tape:
-                    loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-                grads = tape.gradient(loss, model.trainable_variables)
-                optimizer.apply_gradients(zip(grads, model.trainable_variables))
-
-            strategy.run(replica_step, args=(x, y))
-
-        graph = step.get_concrete_function(tf.TensorSpec([None, 6, 6, 2]), tf.TensorSpec([None, 1])).graph.as_graph_def()
+        graph = traced_step(conv, sd.sharding.ParameterSharding(regather_in_backward=regather))
         # The step's own nodes and those of the functions it calls (the recomputed backward among them).
         nodes = list(graph.node) + [node for function in graph.library.function for node in function.node_def]
         return sum(1 for node in nodes if node.op == "SmdistAllgather")
@@ -222,6 +230,20 @@ class GatherPlacementTest(SyncAssertions):
         # conv(): a Conv2D and a Dense with a kernel and a bias each, read once in the forward pass.
         self.assertEqual(self.gathers_in_a_step(regather=False), 4)
         self.assertEqual(self.gathers_in_a_step(regather=True), 8)
+
+    def test_gathers_start_one_layer_ahead_unless_told_not_to(self):
+        # Three Dense layers: the second's pieces are read (and gathered) once the first's input, the step's
+        # `x`, exists, as the first's are; the third's once the second's input does.
+        def reads_waiting_for_x(options: Any) -> int:
+            graph = traced_step(lambda: keras.Sequential([keras.Input((7,)), keras.layers.Dense(5),
+                                                          keras.layers.Dense(4), keras.layers.Dense(1)]), options)
+            nodes = {node.name: node for node in graph.node}
+            gated = [[i for i in nodes[g.input[0].split(":")[0]].input if i.startswith("^")]
+                     for g in graph.node if g.op == "SmdistAllgather" and g.input[0].split(":")[0] in nodes]
+            return sum(gates == ["^x"] for gates in gated)
+
+        self.assertEqual(reads_waiting_for_x(True), 4)  # 2 layers x (kernel, bias)
+        self.assertEqual(reads_waiting_for_x(sd.sharding.ParameterSharding(gather_ahead=False)), 2)
 
     def test_keeping_the_gathered_weights_trains_the_same(self):
         for build, inputs in (MODELS["conv2d"], MODELS["dense"]):
