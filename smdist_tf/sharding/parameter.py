@@ -49,8 +49,15 @@ def gather_pieces(piece: tf.Tensor, layout: ShardLayout) -> tf.Tensor:
     @tf.custom_gradient
     def gather(value: tf.Tensor) -> Any:
         def reduce_scatter(upstream: Any) -> tf.Tensor:
-            # An embedding's IndexedSlices gradient is made dense: the piece is dense.
-            return reducescatter(layout.padded(0, tf.convert_to_tensor(upstream)), op=Sum)
+            # The piece's update consumes this gradient, so waiting here for the read gathered above
+            # keeps that update from overtaking the read. tf.function orders them with a control edge,
+            # but Grappler's dependency optimizer drops it as redundant next to a path through
+            # recompute_grad's IdentityN (regather.py), then bypasses the IdentityN, which cuts the
+            # path: a weight whose gradient does not use it (a Dense kernel) was then now and then
+            # gathered for the recomputed backward after this step had updated its piece (issue 42).
+            with tf.control_dependencies([value]):
+                # An embedding's IndexedSlices gradient is made dense: the piece is dense.
+                return reducescatter(layout.padded(0, tf.convert_to_tensor(upstream)), op=Sum)
 
         return layout.full_from_gathered(0, allgather(value)), reduce_scatter
 
