@@ -141,7 +141,8 @@ class DataParallelExtended(_compat.MirroredExtended):
             self._creating_piece = False
         return ShardedParameter(variable, tf.TensorShape(layout.shapes[0]), self._replicas, self._replica,
                                 regather_in_backward=self._shard_parameters.regather_in_backward,
-                                gather_ahead=self._shard_parameters.gather_ahead)
+                                gather_ahead=self._shard_parameters.gather_ahead,
+                                process_set=self._cross_device_ops.process_set)
 
     def _get_variable_creator_initial_value(self, replica_id: int, device: str, primary_var: Any, **kwargs: Any) -> Any:
         if replica_id != 0 or self._creating_piece:  # a piece is this rank's own

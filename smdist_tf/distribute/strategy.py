@@ -75,9 +75,8 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
 
     Raises:
         ValueError: when this rank is not a member of ``process_set`` or it is not
-            registered, sharding is asked for together with compression, parameter
-            sharding together with a process set, or ``gradient_op`` is not one the
-            strategy can use here.
+            registered, sharding is asked for together with compression, or
+            ``gradient_op`` is not one the strategy can use here.
     """
 
     def __init__(self, compression: type[Compressor] = Compression.none, progress_on_rank_zero_only: bool = True,
@@ -87,8 +86,6 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
         if not is_initialized():
             init()
         self._sharding = None
-        if shard_parameters and process_set is not None:
-            raise ValueError("shard_parameters: a process set is not supported; shard over all ranks")
         if shard_optimizer_state or shard_gradients or shard_parameters:
             require_keras_3("shard_optimizer_state")
             if compression is not Compression.none:

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from smdist_tf.collectives import allgather, reducescatter
+from smdist_tf.process_sets import ProcessSet
 from smdist_tf.reduce_ops import Sum
 from smdist_tf.sharding.layout import ShardLayout
 
@@ -39,7 +40,7 @@ class ParameterSharding:
     gather_ahead: bool = True
 
 
-def gather_pieces(piece: tf.Tensor, layout: ShardLayout) -> tf.Tensor:
+def gather_pieces(piece: tf.Tensor, layout: ShardLayout, process_set: Optional[ProcessSet] = None) -> tf.Tensor:
     """The full weight from every rank's ``piece``; its gradient is this rank's piece of the summed gradient.
 
     Sum, not Average: under a strategy Keras (and ``tf.nn.compute_average_loss``) already
@@ -57,9 +58,10 @@ def gather_pieces(piece: tf.Tensor, layout: ShardLayout) -> tf.Tensor:
             # gathered for the recomputed backward after this step had updated its piece (issue 42).
             with tf.control_dependencies([value]):
                 # An embedding's IndexedSlices gradient is made dense: the piece is dense.
-                return reducescatter(layout.padded(0, tf.convert_to_tensor(upstream)), op=Sum)
+                return reducescatter(layout.padded(0, tf.convert_to_tensor(upstream)), op=Sum,
+                                     process_set=process_set)
 
-        return layout.full_from_gathered(0, allgather(value)), reduce_scatter
+        return layout.full_from_gathered(0, allgather(value, process_set=process_set)), reduce_scatter
 
     return gather(piece)
 
@@ -79,11 +81,14 @@ class ShardedParameter:
         regather_in_backward: gather the weight again for its layer's backward pass instead of
             keeping the forward pass's gathered value (smdist_tf/sharding/regather.py).
         gather_ahead: let its layer's gathers start one layer ahead (smdist_tf/sharding/regather.py).
+        process_set: the ranks that share the weight (``None``: all); ``ranks`` and ``index`` count its members.
     """
 
     def __init__(self, piece: tf.Variable, shape: tf.TensorShape, ranks: int, index: int,
-                 regather_in_backward: bool = True, gather_ahead: bool = True) -> None:
+                 regather_in_backward: bool = True, gather_ahead: bool = True,
+                 process_set: Optional[ProcessSet] = None) -> None:
         self.piece = piece
+        self.process_set = process_set
         self.regather_in_backward = regather_in_backward
         self.gather_ahead = gather_ahead
         self.layout = ShardLayout([shape], ranks, index)
@@ -126,7 +131,7 @@ class ShardedParameter:
         """The full weight (an allgather of every rank's piece)."""
         if self.gathered is not None:
             return self.gathered
-        return gather_pieces(tf.convert_to_tensor(self.piece), self.layout)
+        return gather_pieces(tf.convert_to_tensor(self.piece), self.layout, self.process_set)
 
     def numpy(self) -> Any:
         """The full weight as a NumPy array (a collective unless a save has gathered it)."""

@@ -77,7 +77,8 @@ class PieceApply:
         """Gathers every piece-shaped slot in full for a save (a collective: every rank calls it, in order)."""
         owners = self._smdist_pieces.owners
         self._smdist_pieces.gathered = {
-            id(slot): owners[id(slot)].layout.full_from_gathered(0, allgather(tf.convert_to_tensor(slot))).numpy()
+            id(slot): owners[id(slot)].layout.full_from_gathered(
+                0, allgather(tf.convert_to_tensor(slot), process_set=owners[id(slot)].process_set)).numpy()
             for slot in self.variables if id(slot) in owners}
 
     def smdist_release_slots(self) -> None:

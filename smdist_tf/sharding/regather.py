@@ -32,16 +32,18 @@ import tensorflow as tf
 from smdist_tf.sharding.piece_optimizer import sharded_parameter
 
 # Per graph being traced: the input of the regathering layer called last, which the next one's gathers wait for.
-_last_input: "weakref.WeakKeyDictionary[tf.Graph, tf.Tensor]" = weakref.WeakKeyDictionary()
+# Weak both ways: a tensor holds its graph, so a strong value would keep every traced graph alive.
+_last_input: "weakref.WeakKeyDictionary[tf.Graph, weakref.ref]" = weakref.WeakKeyDictionary()
 
 
 def gathers_wait_for(inputs: tf.Tensor, ahead: bool) -> tf.Tensor:
     """What the gathers of a layer called with ``inputs`` wait for: with ``ahead``, the previous such layer's input
     in this graph, else ``inputs``."""
     graph = tf.compat.v1.get_default_graph()
-    previous = _last_input.get(graph, inputs)
-    _last_input[graph] = inputs
-    return previous if ahead else inputs
+    last = _last_input.get(graph)
+    previous = last() if last is not None else None
+    _last_input[graph] = weakref.ref(inputs)
+    return previous if ahead and previous is not None else inputs
 
 
 def regathers(layer: Any) -> bool:

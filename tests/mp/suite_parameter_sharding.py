@@ -182,6 +182,30 @@ class SameTrainingTest(SyncAssertions):
 
         self.assert_same_training(train(True), train(False))
 
+    def test_process_sets_shard_over_their_members_only(self):
+        # At 4 ranks two sets of 2 train side by side on the same data; at 2 ranks the global set, passed explicitly.
+        sets = [sd.add_process_set([0, 1]), sd.add_process_set([2, 3])] if SIZE > 2 else [sd.global_process_set]
+        mine = next(process_set for process_set in sets if process_set.included())
+
+        def train(shard: bool) -> keras.Model:
+            with sd.DataParallelStrategy(process_set=mine, shard_parameters=shard).scope():
+                keras.utils.set_random_seed(3)
+                model = mlp()
+                model.compile(optimizer=OPTIMIZERS["adam"](), loss="mse")
+            model.fit(dataset(X), epochs=2, verbose=0)
+            return model
+
+        try:
+            sharded, unsharded = train(True), train(False)
+            self.assertEqual(tuple(sharded_parameter(sharded.trainable_weights[0]).piece.shape), (-(-35 // 2),))
+            weights = sharded.get_weights()  # a collective of this rank's set
+            self.assertLess(relative_difference(unsharded.get_weights(), weights), RTOL)
+            self.assert_identical_on_all_ranks(np.concatenate([w.ravel() for w in weights]))  # both sets alike
+        finally:
+            if SIZE > 2:
+                for process_set in sets:
+                    sd.remove_process_set(process_set)
+
 
 def traced_step(build, options: Any = True) -> tf.Graph:
     """The graph of one custom-loop training step with SGD of ``build()``'s model under ``shard_parameters=options``
@@ -335,8 +359,6 @@ class RefusedTest(SyncAssertions):
     def test_what_is_not_supported_fails_on_every_rank(self):
         with self.assertRaisesRegex(ValueError, "compression"):
             sd.DataParallelStrategy(shard_parameters=True, compression=sd.Compression.fp16)
-        with self.assertRaisesRegex(ValueError, "process set"):
-            sd.DataParallelStrategy(shard_parameters=True, process_set=sd.ProcessSet([0]))
         strategy = strategy_for(True)
         with strategy.scope():
             with self.assertRaisesRegex(ValueError, "clipping"):
