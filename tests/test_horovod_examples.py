@@ -23,9 +23,9 @@ def run_example(script: str, np: int, tmp_path: Path, *args: str) -> str:
     return out
 
 
-@pytest.mark.parametrize("np", [2, 4])
-def test_tensorflow2_training_loop(np, tmp_path):
-    out = run_example("tensorflow2_digits.py", np, tmp_path)
+def test_tensorflow2_training_loop(tmp_path):
+    # At 2 ranks: the loop does at any rank count what it does at 2; the join example below runs at 4.
+    out = run_example("tensorflow2_digits.py", 2, tmp_path)
     losses = [float(v) for v in re.findall(r"Step #\d+\tLoss: ([\d.]+)", out)]
     assert losses and float(re.search(r"final loss: ([\d.]+)", out).group(1)) < losses[0] / 2, out[-3000:]
     assert "weights identical on all ranks: True" in out
@@ -44,9 +44,9 @@ def test_horovods_tensorflow2_synthetic_benchmark_with_adasum(tmp_path):
     assert "weights identical on all ranks: True" in out, out[-3000:]
 
 
-@pytest.mark.parametrize("np", [2, 4])
-def test_tensorflow2_uneven_shards_with_join(np, tmp_path):
-    out = run_example("tensorflow2_uneven_join.py", np, tmp_path)
+def test_tensorflow2_uneven_shards_with_join(tmp_path):
+    # At 4 ranks, where more ranks join at different times than at 2.
+    out = run_example("tensorflow2_uneven_join.py", 4, tmp_path)
     epochs = re.findall(r"epoch \d: batches per rank \[([\d, ]+)\], last to join: rank (\d)", out)
     assert len(epochs) == 3, out[-3000:]
     counts = [int(c) for c in epochs[0][0].split(",")]

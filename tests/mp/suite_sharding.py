@@ -129,6 +129,7 @@ class SameTrainingTest(SyncAssertions):
             with self.subTest(optimizer=name):
                 self.assert_same_training(fit_under_strategy(True, make), fit_under_strategy(False, make))
 
+    @at_two_ranks_only("each optimizer updates its shard element by element; the strategy's sweep shows 4 ranks")
     def test_every_optimizer_fits_as_unsharded_through_distributed_optimizer(self):
         for name, make in optimizers_for_path(1):
             with self.subTest(optimizer=name):
@@ -195,6 +196,7 @@ class SameTrainingTest(SyncAssertions):
         make = lambda: keras.optimizers.SGD(0.1, momentum=0.5, global_clipnorm=0.05)  # noqa: E731
         self.assert_same_training(fit_under_strategy(True, make), fit_under_strategy(False, make))
 
+    @at_two_ranks_only("an embedding's gradient is made dense before the reduce-scatter, on each rank alike")
     def test_embedding_gradients(self):
         # Dense after the reduce-scatter: equal to the unsharded run with dense gradients.
         for name in ("sgd_momentum", "lion"):
@@ -207,6 +209,7 @@ class SameTrainingTest(SyncAssertions):
             fit_with_distributed_optimizer(True, make, build=embedding_model, inputs=IDS),
             fit_with_distributed_optimizer(False, make, build=embedding_model, inputs=IDS, sparse_as_dense=True))
 
+    @at_two_ranks_only("strategy.run calls the same sharded apply as fit, whose sweep runs at 4 ranks")
     def test_custom_loop_under_strategy_run(self):
         def train(shard: bool) -> keras.Model:
             strategy = sd.DataParallelStrategy(shard_optimizer_state=shard)
@@ -231,6 +234,7 @@ class SameTrainingTest(SyncAssertions):
 
         self.assert_same_training(train(True), train(False))
 
+    @at_two_ranks_only("the tape's reduce-scatter is the one the sweeps above run at 4 ranks")
     def test_apply_sharded_gradients_with_a_distributed_gradient_tape(self):
         def train(shard: bool) -> keras.Model:
             model = mlp()
