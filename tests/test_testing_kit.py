@@ -80,6 +80,10 @@ class DistributedMarkerTest(tf.test.TestCase):
         self.assertEqual(outcomes["test_broadcast_parametrized[0]"], "PASSED")
         self.assertEqual(outcomes["test_broadcast_parametrized[1]"], "PASSED")
         self.assertEqual(outcomes["test_fails_on_rank_one"], "FAILED")
+        self.assertEqual(outcomes["test_shares_the_job_of_the_earlier_tests_with_its_settings"], "PASSED")
+        # Two jobs, each rank 0 printing one pytest summary: np=2 (three tests), and np=2 with env (the parametrized pair).
+        summaries = re.findall(r"^\[0\]<stdout>:(\d+) passed in", result.stdout, re.M)
+        self.assertEqual(sorted(summaries), ["2", "3"], result.stdout[-5000:])
         self.assertIn("rank 1 of 2:", result.stdout)
         self.assertIn("AssertionError: rank 1 was not meant to get here", result.stdout)
 

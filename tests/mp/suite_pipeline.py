@@ -106,6 +106,72 @@ def assert_gradients_match(test, pm, loss, pairs, want_loss, want_grads, where="
                             msg=f"{where}: {variable.path}")
 
 
+class PipelineMemoryTest(tf.test.TestCase):
+    """A rank holds its stage's weights only: counted in Keras' variables and in TensorFlow's allocator.
+
+    First in the file: placed after the other classes it took 15-20 s in the shared job (its gc.collect()
+    before measuring meets their pipelines' garbage), against 4 s here.
+    """
+
+    # Many small layers: a layer's initialisation temporaries stay small next to a stage.
+    WIDTH, DEPTH = 128, 16
+
+    def wide(self) -> keras.Model:
+        keras.utils.set_random_seed(11)
+        return keras.Sequential([keras.Input((self.WIDTH,))]
+                                + [keras.layers.Dense(self.WIDTH, activation="tanh") for _ in range(self.DEPTH)])
+
+    def build_measured(self, make) -> tuple[PipelineModel, int, int]:
+        """Wraps what ``make()`` returns; returns the pipeline and the CPU allocator's (peak, current) growth in bytes."""
+        gc.collect()
+        base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        pm = PipelineModel(make(), num_stages=SIZE, num_microbatches=2, partition="uniform", verbose=False)
+        info = tf.config.experimental.get_memory_info("CPU:0")
+        return pm, info["peak"] - base, info["current"] - base
+
+    def test_model_fn_materialises_only_this_stage(self):
+        full = elements(self.wide().variables)
+        layer_bytes = (self.WIDTH * self.WIDTH + self.WIDTH) * 4
+        pm, peak, _ = self.build_measured(lambda: self.wide)
+        self.assertEqual(held_elements(pm), full // SIZE)
+        self.assertEqual(int(sd.allreduce(tf.constant(held_elements(pm), tf.int64), op=sd.Sum, name="mem.total")), full)
+        # The allocator never saw the whole model: the stage plus a layer's initialisation in flight.
+        self.assertLess(peak, full * 4 // SIZE + 4 * layer_bytes)
+        self.assertLess(peak, full * 4)
+        # Initial values are the unpartitioned model's.
+        for v, want in zip(pm.unpartitioned.variables, self.wide().variables):
+            if v._value is not None:
+                self.assertAllEqual(v, want, msg=v.path)
+        # Training (Keras traces the whole model for shapes inside fit) materialises nothing more;
+        # the optimizer holds state for this stage only.
+        x = np.random.default_rng(0).normal(size=(8, self.WIDTH)).astype(np.float32)
+        pm.compile(optimizer="adam", loss="mse")
+        pm.fit(x, x, batch_size=8, epochs=1, verbose=0)
+        self.assertEqual(held_elements(pm), full // SIZE)
+        slots = [v for v in pm.optimizer.variables if len(v.shape) > 0]
+        self.assertEqual(elements(slots), 2 * full // SIZE)
+        # Another stage's weight cannot be read by accident (no silent fresh initial values).
+        foreign = next(v for v in pm.unpartitioned.variables if v._value is None)
+        with self.assertRaisesRegex(RuntimeError, "does not hold it"):
+            foreign.numpy()
+        with self.assertRaisesRegex(RuntimeError, "split over ranks"):
+            pm(x)
+
+    @at_two_ranks_only("a stage's release does not depend on the stage count; the model_fn test above measures 1/N at 4 ranks")
+    def test_built_model_releases_other_stages(self):
+        full = elements(self.wide().variables)
+        layer_bytes = (self.WIDTH * self.WIDTH + self.WIDTH) * 4
+        pm, peak, current = self.build_measured(self.wide)
+        # Built whole (the allocator saw the full model), then only this stage is kept.
+        self.assertGreaterEqual(peak, full * 4)
+        self.assertEqual(held_elements(pm), full // SIZE)
+        self.assertLess(current, full * 4 // SIZE + 2 * layer_bytes)
+        with self.assertRaisesRegex(ValueError, "already wrapped"):
+            PipelineModel(pm.unpartitioned, num_stages=SIZE, num_microbatches=2, partition=[1] * (SIZE - 1)
+                          + [self.DEPTH - SIZE + 1], verbose=False)
+
+
 class PointToPointTest(tf.test.TestCase):
     def test_ring_exchange_with_changing_shapes_both_sending_first(self):
         right, left = (RANK + 1) % SIZE, (RANK - 1) % SIZE
@@ -342,6 +408,8 @@ class PipelineOffloadTest(tf.test.TestCase):
 
 
 class PipelineTrainingTest(tf.test.TestCase):
+    @at_two_ranks_only("convergence does not depend on the replica count; 2 stages x 2 replicas are held to the "
+                       "unpartitioned model's fit, evaluate and predict in PipelineUnevenBatchTest")
     def test_fit_converges_on_digits_with_global_logs(self):
         from sklearn.datasets import load_digits
 
@@ -429,68 +497,6 @@ class PipelineTrainingTest(tf.test.TestCase):
         with self.assertRaisesRegex(FileExistsError, "overwrite=False"):
             pm.save_weights(path, overwrite=False)
         self.assertAllClose(sd.allreduce(tf.ones([1]), op=sd.Sum, name="ckpt.healthy"), [SIZE])
-
-
-class PipelineMemoryTest(tf.test.TestCase):
-    """A rank holds its stage's weights only: counted in Keras' variables and in TensorFlow's allocator."""
-
-    # Many small layers: a layer's initialisation temporaries stay small next to a stage.
-    WIDTH, DEPTH = 128, 16
-
-    def wide(self) -> keras.Model:
-        keras.utils.set_random_seed(11)
-        return keras.Sequential([keras.Input((self.WIDTH,))]
-                                + [keras.layers.Dense(self.WIDTH, activation="tanh") for _ in range(self.DEPTH)])
-
-    def build_measured(self, make) -> tuple[PipelineModel, int, int]:
-        """Wraps what ``make()`` returns; returns the pipeline and the CPU allocator's (peak, current) growth in bytes."""
-        gc.collect()
-        base = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        pm = PipelineModel(make(), num_stages=SIZE, num_microbatches=2, partition="uniform", verbose=False)
-        info = tf.config.experimental.get_memory_info("CPU:0")
-        return pm, info["peak"] - base, info["current"] - base
-
-    def test_model_fn_materialises_only_this_stage(self):
-        full = elements(self.wide().variables)
-        layer_bytes = (self.WIDTH * self.WIDTH + self.WIDTH) * 4
-        pm, peak, _ = self.build_measured(lambda: self.wide)
-        self.assertEqual(held_elements(pm), full // SIZE)
-        self.assertEqual(int(sd.allreduce(tf.constant(held_elements(pm), tf.int64), op=sd.Sum, name="mem.total")), full)
-        # The allocator never saw the whole model: the stage plus a layer's initialisation in flight.
-        self.assertLess(peak, full * 4 // SIZE + 4 * layer_bytes)
-        self.assertLess(peak, full * 4)
-        # Initial values are the unpartitioned model's.
-        for v, want in zip(pm.unpartitioned.variables, self.wide().variables):
-            if v._value is not None:
-                self.assertAllEqual(v, want, msg=v.path)
-        # Training (Keras traces the whole model for shapes inside fit) materialises nothing more;
-        # the optimizer holds state for this stage only.
-        x = np.random.default_rng(0).normal(size=(8, self.WIDTH)).astype(np.float32)
-        pm.compile(optimizer="adam", loss="mse")
-        pm.fit(x, x, batch_size=8, epochs=1, verbose=0)
-        self.assertEqual(held_elements(pm), full // SIZE)
-        slots = [v for v in pm.optimizer.variables if len(v.shape) > 0]
-        self.assertEqual(elements(slots), 2 * full // SIZE)
-        # Another stage's weight cannot be read by accident (no silent fresh initial values).
-        foreign = next(v for v in pm.unpartitioned.variables if v._value is None)
-        with self.assertRaisesRegex(RuntimeError, "does not hold it"):
-            foreign.numpy()
-        with self.assertRaisesRegex(RuntimeError, "split over ranks"):
-            pm(x)
-
-    @at_two_ranks_only("a stage's release does not depend on the stage count; the model_fn test above measures 1/N at 4 ranks")
-    def test_built_model_releases_other_stages(self):
-        full = elements(self.wide().variables)
-        layer_bytes = (self.WIDTH * self.WIDTH + self.WIDTH) * 4
-        pm, peak, current = self.build_measured(self.wide)
-        # Built whole (the allocator saw the full model), then only this stage is kept.
-        self.assertGreaterEqual(peak, full * 4)
-        self.assertEqual(held_elements(pm), full // SIZE)
-        self.assertLess(current, full * 4 // SIZE + 2 * layer_bytes)
-        with self.assertRaisesRegex(ValueError, "already wrapped"):
-            PipelineModel(pm.unpartitioned, num_stages=SIZE, num_microbatches=2, partition=[1] * (SIZE - 1)
-                          + [self.DEPTH - SIZE + 1], verbose=False)
 
 
 class PipelineMixedPrecisionTest(tf.test.TestCase):
