@@ -78,6 +78,14 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def rss_after_malloc_trim() -> int:
+    """Resident bytes after ``malloc_trim(0)`` returns every arena's free pages to the OS."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return current_rss_bytes()
+
+
 def variable_bytes(variables: list) -> int:
     """Bytes of ``variables`` from their shapes: reading them (``.numpy()``) would allocate, raising the peak."""
     import numpy as np
@@ -177,6 +185,9 @@ def worker(args: argparse.Namespace) -> None:
         "peak_rss_before_fit_bytes": peak_before_fit,
         "rss_before_fit_bytes": rss_before_fit,
         "rss_end_bytes": current_rss_bytes(),
+        # Resident once glibc hands back its free pages: the rest of rss_end is not glibc's slack (TensorFlow's
+        # BFC pool keeps its own pages; see benchmarks/README.md, "What the resident memory is").
+        "rss_end_after_malloc_trim_bytes": rss_after_malloc_trim(),
         "step_s": round(statistics.median(timed), 6),
         "step_s_min": round(min(timed), 6),
         "optimizer_class": type(model.optimizer).__name__,  # the sharded class keeps its base's name
@@ -243,7 +254,8 @@ def job_line(mode: str, np_: int, repeat: int, payload: dict, wall: float) -> di
     top = {k: max(r[k] for r in ranks) for k in ("state_bytes", "param_bytes", "largest_layer_bytes",
                                                   "shard_copy_bytes", "peak_rss_bytes",
                                                   "peak_rss_before_fit_bytes", "rss_before_fit_bytes",
-                                                  "rss_end_bytes", "step_s", "step_s_min")}
+                                                  "rss_end_bytes", "rss_end_after_malloc_trim_bytes", "step_s",
+                                                  "step_s_min")}
     return {"mode": mode, "np": np_, "repeat": repeat, "params": payload["params"],
             "optimizer": ranks[0]["optimizer_class"], "sharded": all(r["sharded"] for r in ranks), **top,
             "peak_rss_growth_in_fit_bytes": max(r["peak_rss_bytes"] - r["peak_rss_before_fit_bytes"] for r in ranks),

@@ -15,7 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "sharded.py"
 JOB_KEYS = {"mode", "np", "repeat", "params", "optimizer", "sharded", "state_bytes", "shard_copy_bytes",
-            "peak_rss_bytes", "peak_rss_before_fit_bytes", "rss_before_fit_bytes", "rss_end_bytes", "step_s",
+            "peak_rss_bytes", "peak_rss_before_fit_bytes", "rss_before_fit_bytes", "rss_end_bytes",
+            "rss_end_after_malloc_trim_bytes", "step_s",
             "step_s_min", "peak_rss_growth_in_fit_bytes", "per_rank_peak_rss_bytes", "per_rank_state_bytes"}
 SUMMARY_KEYS = {"np", "repeats", "state_bytes_ratio", "state_bytes_ratio_target", "step_time_ratio",
                 "step_time_ratio_target", "rss_saved_bytes", "state_saved_bytes", "rss_saved_fraction_of_state_saved",
