@@ -29,7 +29,7 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 stamp=.venv/.smdist_requirements
 variant_line=""
 [ "$gpu" = 0 ] || variant_line="$gpu_tensorflow"
-want="$(printf '%s' "$variant_line" | cat requirements.txt requirements-tf-keras.txt requirements-optional.txt - |
+want="$(printf '%s' "$variant_line" | cat requirements.txt requirements-tf-keras.txt requirements-optional.txt requirements-jax.txt - |
         sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[bootstrap] installing pinned requirements"
@@ -44,8 +44,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "${pip[@]}" install -r requirements.txt
   fi
   "${pip[@]}" install --no-deps -r requirements-tf-keras.txt  # see the file: keeps tensorflow-cpu
-  rm -rf .venv/optional
+  rm -rf .venv/optional .venv/optional-jax
   "${pip[@]}" install --no-deps --target .venv/optional -r requirements-optional.txt  # see the file
+  "${pip[@]}" install --no-deps --target .venv/optional-jax -r requirements-jax.txt  # see the file
   echo "$want" > "$stamp"
 fi
 

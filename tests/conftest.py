@@ -8,9 +8,10 @@ stopped on it, so a hung job ends the test instead of hanging it.
 started, niced, when collection ended (in the CPU time the other tests leave idle).
 
 ``@pytest.mark.optional_packages``: only the processes a test marked so starts see .venv/optional
-(scikit-learn and JAX, requirements-optional.txt) on ``PYTHONPATH``. Keras and TensorFlow import both
-whenever they can, 2-3 s of CPU per process, and the library needs neither: the other tests' ranks
-start without them, as in a user's environment with TensorFlow and smdist_tf alone.
+(scikit-learn, requirements-optional.txt) on ``PYTHONPATH``; ``@pytest.mark.jax_packages``, the same for
+.venv/optional-jax (JAX, requirements-jax.txt). Keras imports scikit-learn and TensorFlow JAX whenever they
+can, about 1 s of CPU per process each, and the library needs neither: the other tests' ranks start
+without them, as in a user's environment with TensorFlow and smdist_tf alone.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ import threading
 import pytest
 
 from tests import background_builds
-from tests.optional_packages import OPTIONAL_PACKAGES
+from tests.optional_packages import JAX_PACKAGES, OPTIONAL_PACKAGES
 
 _INHERITED_PATH = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                   if entry and entry != OPTIONAL_PACKAGES]
+                   if entry and entry not in (OPTIONAL_PACKAGES, JAX_PACKAGES)]
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "optional_packages: the processes this test starts may import "
-                                       "scikit-learn and JAX (.venv/optional): it runs examples, docs or JAX")
+                                       "scikit-learn (.venv/optional): it runs examples or docs")
+    config.addinivalue_line("markers", "jax_packages: the processes this test starts may import JAX "
+                                       "(.venv/optional-jax)")
     config.addinivalue_line("markers", "background_build(name): the test uses the build of that name "
                                        "(tests/background_builds.py), started niced when collection ends")
 
@@ -47,8 +50,8 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     # Before the test's fixtures start anything (a module's Ray cluster is started by its first test).
-    with_optional = item.get_closest_marker("optional_packages") is not None
-    path = ([OPTIONAL_PACKAGES] if with_optional else []) + _INHERITED_PATH
+    path = [directory for marker, directory in (("optional_packages", OPTIONAL_PACKAGES), ("jax_packages", JAX_PACKAGES))
+            if item.get_closest_marker(marker) is not None] + _INHERITED_PATH
     os.environ["PYTHONPATH"] = os.pathsep.join(path)
 
 

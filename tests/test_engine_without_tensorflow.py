@@ -18,9 +18,9 @@ import pytest
 from tests import background_builds
 from tests.gpu.test_xla_collectives import HAS_JAX, run_ranks
 from tests.mpi_harness import ROOT, mpi_env, run_under_mpi
-from tests.optional_packages import OPTIONAL_PACKAGES
+from tests.optional_packages import JAX_PACKAGES
 
-pytestmark = pytest.mark.optional_packages  # jaxlib's FFI headers build the handlers, JAX runs them
+pytestmark = pytest.mark.jax_packages  # jaxlib's FFI headers build the handlers, JAX runs them
 
 SCRIPT = "tests/mp/engine_buffers.py"
 
@@ -44,7 +44,7 @@ def build_without_tensorflow(commands: background_builds.Commands) -> BuildWitho
     # The build tree is kept between runs (only the output directory is new), as scripts/run_gpu_checks.sh keeps it.
     build_dir = ROOT / "build" / "without-tensorflow"
     out_dir = commands.temporary_directory("smdist_no_tf_")
-    env = mpi_env({"PYTHONPATH": OPTIONAL_PACKAGES})  # jaxlib's FFI headers
+    env = mpi_env({"PYTHONPATH": JAX_PACKAGES})  # jaxlib's FFI headers
     output = commands.run(["cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
                            f"-DPython_EXECUTABLE={sys.executable}", "-DSMDIST_WITH_TENSORFLOW=OFF",
                            f"-DSMDIST_OUTPUT_DIR={out_dir}"], ROOT, env)

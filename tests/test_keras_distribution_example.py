@@ -14,7 +14,7 @@ import pytest
 
 from tests.mpi_harness import ROOT
 
-pytestmark = pytest.mark.optional_packages  # the example loads scikit-learn's digits and runs on JAX
+pytestmark = [pytest.mark.optional_packages, pytest.mark.jax_packages]  # the example loads scikit-learn's digits and runs on JAX
 
 
 def test_the_same_example_runs_on_jax():

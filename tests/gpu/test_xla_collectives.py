@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from tests.gpu.test_gpu_collectives import gpu_count, run_rank_script  # noqa: E402
 
-pytestmark = pytest.mark.optional_packages  # JAX drives the XLA handlers
+pytestmark = pytest.mark.jax_packages  # JAX drives the XLA handlers
 
 SCRIPT = REPO / "tests" / "gpu" / "xla_ranks.py"
 HAS_JAX = importlib.util.find_spec("jax") is not None
