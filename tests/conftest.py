@@ -25,8 +25,10 @@ import pytest
 from tests import background_builds
 from tests.optional_packages import JAX_PACKAGES, OPTIONAL_PACKAGES
 
+# The directory each marker puts on PYTHONPATH for the test's processes.
+_PACKAGES_OF_MARKER = {"optional_packages": OPTIONAL_PACKAGES, "jax_packages": JAX_PACKAGES}
 _INHERITED_PATH = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                   if entry and entry not in (OPTIONAL_PACKAGES, JAX_PACKAGES)]
+                   if entry and entry not in _PACKAGES_OF_MARKER.values()]
 
 
 def pytest_configure(config):
@@ -50,7 +52,7 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     # Before the test's fixtures start anything (a module's Ray cluster is started by its first test).
-    path = [directory for marker, directory in (("optional_packages", OPTIONAL_PACKAGES), ("jax_packages", JAX_PACKAGES))
+    path = [directory for marker, directory in _PACKAGES_OF_MARKER.items()
             if item.get_closest_marker(marker) is not None] + _INHERITED_PATH
     os.environ["PYTHONPATH"] = os.pathsep.join(path)
 
