@@ -126,12 +126,14 @@ void CollectiveStream::RequestShutdown(const std::string& failure) {
   queue_.Wake();
 }
 
-void CollectiveStream::Abort(const std::string& reason) {
+void CollectiveStream::Abort(const std::string& reason, int failed_peer) {
   {
     std::lock_guard<std::mutex> state(state_mu_);
     if (running_) {
       running_ = false;
       stop_reason_ = reason;
+      relayed_stop_ = reason;
+      if (failed_peer != members_[transports_->topology().rank]) failed_peer_ = failed_peer;
     }
   }
   // The thread fails what is queued when the members agree to stop: taking
@@ -366,6 +368,8 @@ bool CollectiveStream::RunCycle(CycleState* state) {
     if (mine.shutdown) {
       std::lock_guard<std::mutex> lock(state_mu_);
       mine.failure = failure_;
+      mine.relayed_stop = relayed_stop_;
+      mine.relayed_failed_peer = failed_peer_;
     }
     s = state->negotiator.NegotiateFull(mine, &full);
   }
@@ -415,9 +419,9 @@ bool CollectiveStream::RunCycle(CycleState* state) {
   }
   if (full.shutdown) {
     if (full.shutdown_error.rfind("stall", 0) == 0) LogError(full.shutdown_error);
-    if (full.failed_rank >= 0 && full.failed_rank != transports_->topology().rank) {
+    if (full.failed_peer >= 0 && full.failed_peer != members_[transports_->topology().rank]) {
       std::lock_guard<std::mutex> lock(state_mu_);
-      failed_peer_ = members_[full.failed_rank];
+      if (running_) failed_peer_ = full.failed_peer;  // an earlier Abort's peer stands
     }
     // A shutdown this rank asked for is no news to report.
     Stop(full.shutdown_error, /*report=*/!shutdown_requested_);

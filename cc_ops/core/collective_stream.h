@@ -43,8 +43,9 @@ class CollectiveStream {
   // pending collectives fail. `failure` (may be empty) says why, to them all.
   void RequestShutdown(const std::string& failure = "");
   // Refuses new entries now and asks the members to stop; what is queued
-  // fails with `reason` when they do (at the next negotiation).
-  void Abort(const std::string& reason);
+  // fails with `reason` when they do (at the next negotiation), on every member.
+  // `failed_peer`: the job rank whose failure stopped this rank's engine, or -1.
+  void Abort(const std::string& reason, int failed_peer);
   // Waits for the thread to end; whether it did within `seconds` (< 0: forever).
   bool Join(double seconds = -1);
 
@@ -91,10 +92,11 @@ class CollectiveStream {
   std::function<void(const std::string&)> on_stop_;
 
   TensorQueue queue_;
-  mutable std::mutex state_mu_;  // running_, stop_reason_, failure_, failed_peer_ vs Enqueue
+  mutable std::mutex state_mu_;  // running_, stop_reason_, failure_, relayed_stop_, failed_peer_ vs Enqueue
   bool running_ = true;
   std::string stop_reason_;
   std::string failure_;  // sent with the shutdown request when set
+  std::string relayed_stop_;  // Abort's reason, sent to the members with the shutdown request
   int failed_peer_ = -1;
   std::atomic<bool> shutdown_requested_{false};
   std::thread thread_;

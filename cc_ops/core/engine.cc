@@ -170,13 +170,14 @@ bool Engine::AnnounceFailure(const std::string& failure, double wait_seconds) {
 void Engine::OnGlobalStop(const std::string& reason) {
   std::vector<std::shared_ptr<CollectiveStream>> sets;
   PointToPointChannel* p2p = nullptr;
+  int failed = -1;
   {
     std::lock_guard<std::mutex> state(state_mu_);
     running_ = false;
     stop_reason_ = reason;
     for (const auto& kv : streams_) {
       if (kv.first == 0) {
-        failed_peer_ = kv.second->failed_peer();
+        failed_peer_ = failed = kv.second->failed_peer();
       } else {
         sets.push_back(kv.second);
       }
@@ -185,7 +186,7 @@ void Engine::OnGlobalStop(const std::string& reason) {
   }
   const Status aborted = Status::Aborted(reason);
   if (p2p) p2p->Abort(aborted);
-  for (const auto& set : sets) set->Abort(reason);
+  for (const auto& set : sets) set->Abort(reason, failed);
 }
 
 Status Engine::StreamOf(int32_t id, std::shared_ptr<CollectiveStream>* out) const {
@@ -341,7 +342,12 @@ bool Engine::owns_runtime() const { return CommunicationRuntimeStartedHere(); }
 
 int Engine::failed_peer() const {
   std::lock_guard<std::mutex> state(state_mu_);
-  return failed_peer_;
+  if (failed_peer_ >= 0) return failed_peer_;
+  // A process set can hear of the failure (relayed by a member) before this rank's own engine stream does.
+  for (const auto& kv : streams_) {
+    if (kv.first != 0 && kv.second->failed_peer() >= 0) return kv.second->failed_peer();
+  }
+  return -1;
 }
 
 std::string Engine::intra_host_allreduce() const {

@@ -146,6 +146,10 @@ void Coordinator::Add(const RequestList& list, int rank) {
     failed_rank_ = rank;
     failure_ = list.failure;
   }
+  if (!list.relayed_stop.empty() && relayed_stop_.empty()) {
+    relayed_stop_ = list.relayed_stop;
+    relayed_failed_peer_ = list.relayed_failed_peer;
+  }
   const auto now = std::chrono::steady_clock::now();
   for (const Request& req : list.requests) {
     if (req.type == CollectiveType::kJoin) {
@@ -276,11 +280,14 @@ ResponseList Coordinator::BuildResponses() {
   if (failed_rank_ >= 0) {
     // A failing rank is leaving: nothing it had pending can complete.
     out.shutdown = true;
-    out.failed_rank = failed_rank_;
+    out.failed_peer = members_[failed_rank_];
     out.shutdown_error = failure_ + "; smdist_tf stopped on every rank";
   } else if (shutdown_) {
     out.shutdown = true;
-    if (out.shutdown_error.empty()) {
+    if (out.shutdown_error.empty() && !relayed_stop_.empty()) {
+      out.shutdown_error = relayed_stop_;
+      out.failed_peer = relayed_failed_peer_;
+    } else if (out.shutdown_error.empty()) {
       out.shutdown_error = "smdist_tf was shut down (shutdown() called on rank " +
                            std::to_string(members_[shutdown_rank_]) + ")";
     }

@@ -59,6 +59,8 @@ class Coordinator {
   int shutdown_rank_ = -1;
   std::string failure_;  // the first failing rank's reason
   int failed_rank_ = -1;
+  std::string relayed_stop_;  // the first member's engine stop reason, if it relayed one
+  int relayed_failed_peer_ = -1;
   const ResponseCache* cache_;
   std::vector<std::string> evictions_;
   std::set<std::string> evicting_;

@@ -49,6 +49,8 @@ std::vector<uint8_t> RequestList::Serialize() const {
   WireWriter w;
   w.Put<uint8_t>(shutdown ? 1 : 0);
   w.PutString(failure);
+  w.PutString(relayed_stop);
+  w.Put<int32_t>(relayed_failed_peer);
   w.Put<uint32_t>(static_cast<uint32_t>(requests.size()));
   for (const Request& r : requests) PutRequest(r, &w);
   return std::move(w.bytes());
@@ -58,6 +60,8 @@ bool RequestList::Parse(const uint8_t* data, size_t size, RequestList* out) {
   WireReader rd(data, size);
   out->shutdown = rd.Get<uint8_t>() != 0;
   out->failure = rd.GetString();
+  out->relayed_stop = rd.GetString();
+  out->relayed_failed_peer = rd.Get<int32_t>();
   auto n = rd.Get<uint32_t>();
   out->requests.clear();
   for (uint32_t i = 0; i < n && rd.ok(); ++i) out->requests.push_back(GetRequest(&rd));
@@ -68,7 +72,7 @@ std::vector<uint8_t> ResponseList::Serialize() const {
   WireWriter w;
   w.Put<uint8_t>(shutdown ? 1 : 0);
   w.PutString(shutdown_error);
-  w.Put<int32_t>(failed_rank);
+  w.Put<int32_t>(failed_peer);
   w.Put<uint32_t>(static_cast<uint32_t>(evictions.size()));
   for (const auto& name : evictions) w.PutString(name);
   w.Put<uint32_t>(static_cast<uint32_t>(responses.size()));
@@ -93,7 +97,7 @@ bool ResponseList::Parse(const uint8_t* data, size_t size, ResponseList* out) {
   WireReader rd(data, size);
   out->shutdown = rd.Get<uint8_t>() != 0;
   out->shutdown_error = rd.GetString();
-  out->failed_rank = rd.Get<int32_t>();
+  out->failed_peer = rd.Get<int32_t>();
   auto evictions = rd.Get<uint32_t>();
   out->evictions.clear();
   for (uint32_t i = 0; i < evictions && rd.ok(); ++i) out->evictions.push_back(rd.GetString());

@@ -38,6 +38,11 @@ struct RequestList {
   // Non-empty: this rank is exiting because of a failure ("rank 1 is exiting
   // with code 3"); the others stop with this error instead of waiting for it.
   std::string failure;
+  // Non-empty: a process set stops because this rank's engine stopped (a peer's
+  // failure, a stall); its members fail with this reason, as the job's ranks do,
+  // whichever of the two streams tells them first.
+  std::string relayed_stop;
+  int32_t relayed_failed_peer = -1;  // with relayed_stop: the job rank that failed, if any
 
   std::vector<uint8_t> Serialize() const;
   static bool Parse(const uint8_t* data, size_t size, RequestList* out);
@@ -75,7 +80,7 @@ struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;
   std::string shutdown_error;  // non-empty: the engine stops with this error
-  int32_t failed_rank = -1;    // the rank whose failure stopped the engine, if any
+  int32_t failed_peer = -1;    // the job rank whose failure stopped the stream, if any
   // Cached collectives every rank must forget before executing `responses`
   // (some rank submitted them with new parameters).
   std::vector<std::string> evictions;
