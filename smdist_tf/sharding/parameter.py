@@ -31,9 +31,10 @@ class ParameterSharding:
         regather_in_backward: gather a layer's weights again for its backward pass (its call is
             recomputed there), so they exist in full only while the layer runs; ``False`` keeps
             the forward pass's gathered weights until the backward: more memory, half the gathers.
-        gather_ahead: start a recomputed layer's gathers one layer ahead (once the previous such
-            layer's input exists), so they overlap that layer's compute; ``False`` waits for the
-            layer's own input: one layer's full weights alive at a time instead of two.
+        gather_ahead: in the forward pass, start a recomputed layer's gathers one layer ahead
+            (once the previous such layer's input exists), so they overlap that layer's compute;
+            ``False`` waits for the layer's own input: one layer's full weights alive at a time
+            instead of two. The backward's gathers always wait for the layer's own input.
     """
 
     regather_in_backward: bool = True

@@ -12,9 +12,13 @@ whose own weights are all sharded with ``regather_in_backward``:
   overlap the previous layer's compute, and at most two layers' full weights are alive
   (``ParameterSharding(gather_ahead=False)``: its own input, one layer's), and
 * runs under ``tf.recompute_grad``: nothing of its call, the gathered weights included,
-  is kept for the backward pass; the backward runs the call again, its gathers then
-  depending on the incoming gradient (``recompute_grad`` adds that dependency to the
-  recomputed input), so they are not hoisted to the start of the step either.
+  is kept for the backward pass; the backward runs the call again, its gathers waiting
+  for its own recomputed input, which ``recompute_grad`` makes depend on the incoming
+  gradient. So they are not hoisted to the start of the step, and they do not start one
+  layer ahead either: the next layer's recomputed input exists as soon as its own
+  incoming gradient does, so gathering ahead there let TensorFlow run several layers'
+  backward gathers and full-size gradients at once (1-2 layers more at the step's peak,
+  and no faster, measured in benchmarks/README.md).
 
 Layers with state of their own (BatchNormalization's moving statistics, a dropout's seed)
 are left alone: recomputing them would update or draw twice. Every other layer keeps
@@ -66,11 +70,14 @@ def patch_layer_call() -> None:
             return original(self, *args, **kwargs)
 
         ahead = all(sharded_parameter(w).gather_ahead for w in self.trainable_weights)
+        runs = [0]  # recompute_grad runs `run` for the forward, then again for each gradient taken
 
         def run(inputs: tf.Tensor) -> Any:
-            # The gathers made in the call wait for the previous layer's input (or this one's); recomputed, for the
-            # gradient too.
-            with tf.control_dependencies([gathers_wait_for(inputs, ahead)]):
+            # The forward's gathers wait for the previous layer's input (or this one's); the backward's for this
+            # one's recomputed input, which waits for the incoming gradient.
+            forward = runs[0] == 0
+            runs[0] += 1
+            with tf.control_dependencies([gathers_wait_for(inputs, ahead and forward)]):
                 return original(self, inputs, **kwargs)
 
         return tf.recompute_grad(run)(args[0])

@@ -294,6 +294,30 @@ class GatherPlacementTest(SyncAssertions):
         self.assertEqual(reads_waiting_for_x(True), 4)  # 2 layers x (kernel, bias)
         self.assertEqual(reads_waiting_for_x(sd.sharding.ParameterSharding(gather_ahead=False)), 2)
 
+    def test_backward_gathers_wait_for_their_own_layers_input(self):
+        # Three Dense layers, each kernel gathered twice. Forward: the first's gathers wait for its own input, the
+        # others' for the previous layer's. Backward: each waits for its own recomputed input, the left operand of
+        # the MatMul its kernel feeds (gathering ahead there held 1-2 layers more at the step's peak).
+        graph = traced_step(lambda: keras.Sequential([keras.Input((7,)), keras.layers.Dense(5), keras.layers.Dense(4),
+                                                      keras.layers.Dense(1)]))
+
+        def gather_of_kernel_operand(matmul: tf.Operation) -> Any:
+            op = matmul.inputs[1].op
+            for _ in range(8):
+                if op.type == "SmdistAllgather":
+                    return op
+                if not op.inputs:
+                    return None
+                op = op.inputs[0].op
+            return None
+
+        pairs = [(gather, matmul) for matmul in graph.get_operations() if matmul.type == "MatMul"
+                 for gather in [gather_of_kernel_operand(matmul)] if gather is not None]
+        self.assertLen({gather.name for gather, _ in pairs}, 6)
+        own = {gather.name for gather, matmul in pairs
+               if [c.name for c in gather.inputs[0].op.control_inputs] == [matmul.inputs[0].op.name]}
+        self.assertLen(own, 4, own)  # the first layer's forward, and all three backward
+
     def test_each_piece_is_updated_after_its_gathers_read_it(self):
         # The update must not overtake a gather's read of the piece (issue 42). tf.function orders them by
         # control edges into the update, which Grappler drops where it sees another path, counting paths
