@@ -1,6 +1,8 @@
 """A pytest plugin (``-p tests.file_times``) that ends the run with each test file's wall time.
 
-scripts/run_tests.sh loads it, so every CI log shows where the suite's time goes.
+scripts/run_tests.sh loads it, so every CI log shows where the suite's time goes. The suites of a
+shared MPI job (tests/mpi_harness.py) all run inside the first driver test of that job, so their rank
+0 wall times are listed too, each by its own name.
 """
 
 from __future__ import annotations
@@ -10,6 +12,12 @@ from collections import defaultdict
 
 _seconds: dict[str, float] = defaultdict(float)
 _started: dict[str, float] = {}
+_suite_seconds: dict[str, float] = {}
+
+
+def record_suite(name: str, seconds: float) -> None:
+    """Notes a shared job's suite ``name`` took ``seconds`` on rank 0 (tests/mpi_harness.py calls it)."""
+    _suite_seconds[name] = seconds
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
@@ -30,3 +38,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
     for path, seconds in sorted(_seconds.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:8.1f} s {100 * seconds / total:5.1f} %  {path}")
     terminalreporter.write_line(f"{total:8.1f} s in all")
+    if _suite_seconds:
+        terminalreporter.section("wall time per suite of the shared MPI jobs (rank 0)")
+        for name, seconds in sorted(_suite_seconds.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{seconds:8.1f} s  {name}")

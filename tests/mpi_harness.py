@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 import smdist_tf
+from tests import file_times
 from tests.optional_packages import OPTIONAL_PACKAGES
 from tests.process_group import run_process_group  # noqa: F401 - the suites' entry point too
 from smdist_tf.run.session_dir import BASE_VARIABLE, private_session_base
@@ -109,6 +110,9 @@ class SharedJob:
                     problems.append(f"{suite} did not finish on rank {rank}")
                 elif int(found.group(2)) or not int(found.group(1)):
                     problems.append(f"{suite} on rank {rank}: {found.group(1)} passed, {found.group(2)} failed")
+            seconds = re.search(rf"^suite-outcome: rank 0 {re.escape(suite)} .* seconds=([\d.]+)", out, re.M)
+            if seconds:
+                file_times.record_suite(f"{self.name} job, np {np}: {suite}", float(seconds.group(1)))
         if problems:
             failures = [m.group(0) for suite in suites
                         for m in re.finditer(rf"^FAILED \[rank \d+/\d+\] \S*{re.escape(suite)}::[\s\S]{{0,6000}}", out, re.M)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import traceback
 from typing import Iterator
 
@@ -28,14 +29,17 @@ class SuiteOutcomes:
     """Counts each suite file's test outcomes on this rank and prints them when the file's last test ends.
 
     Several suites can share one job (tests/mpi_harness.py, ``SharedJob``); the host reads these lines
-    to judge each suite on its own, even when a later suite ends the job before pytest's summary.
+    to judge each suite on its own, even when a later suite ends the job before pytest's summary, and
+    to report each suite's wall time (``seconds=``, from its first report to its last test's end).
     """
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.counts: dict[str, dict[str, int]] = {}
+        self.started: dict[str, float] = {}
 
     def record(self, report: pytest.TestReport) -> None:
+        self.started.setdefault(os.path.basename(report.location[0]), time.monotonic() - report.duration)
         counts = self.counts.setdefault(os.path.basename(report.location[0]), {"passed": 0, "failed": 0, "skipped": 0})
         if report.failed:
             counts["failed"] += 1
@@ -48,7 +52,9 @@ class SuiteOutcomes:
         if nextitem is not None and nextitem.path == item.path:
             return
         counts = self.counts.get(item.path.name, {"passed": 0, "failed": 0, "skipped": 0})
-        line = f"\nsuite-outcome: rank {self.rank} {item.path.name} " + " ".join(f"{k}={v}" for k, v in counts.items())
+        seconds = time.monotonic() - self.started.get(item.path.name, time.monotonic())
+        line = (f"\nsuite-outcome: rank {self.rank} {item.path.name} " + " ".join(f"{k}={v}" for k, v in counts.items())
+                + f" seconds={seconds:.1f}")
         with item.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
