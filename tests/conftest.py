@@ -7,6 +7,11 @@ stopped on it, so a hung job ends the test instead of hanging it.
 ``@pytest.mark.background_build(NAME)``: the test waits for a build that tests/background_builds.py
 started, niced, when collection ended (in the CPU time the other tests leave idle).
 
+``@JOB.driver()`` (``tests/mpi_harness.py``, marker ``shared_job``): a test that judges a shared MPI job's
+suites. The jobs its tests want start in the background when collection ends, and those tests run after
+the others, each waiting for its job's run. ``@pytest.mark.wall_clock`` (a whole file, as ``pytestmark``):
+tests that assert how much wall time passed run after that, on a machine the background jobs have left.
+
 ``@pytest.mark.optional_packages``: only the processes a test marked so starts see .venv/optional
 (scikit-learn, requirements-optional.txt) on ``PYTHONPATH``; ``@pytest.mark.jax_packages``, the same for
 .venv/optional-jax (JAX, requirements-jax.txt). Keras imports scikit-learn and TensorFlow JAX whenever they
@@ -23,6 +28,7 @@ import threading
 import pytest
 
 from tests import background_builds
+from tests.background_jobs import BACKGROUND_JOBS
 from tests.optional_packages import JAX_PACKAGES, OPTIONAL_PACKAGES
 
 # The directory each marker puts on PYTHONPATH for the test's processes.
@@ -38,15 +44,30 @@ def pytest_configure(config):
                                        "(.venv/optional-jax)")
     config.addinivalue_line("markers", "background_build(name): the test uses the build of that name "
                                        "(tests/background_builds.py), started niced when collection ends")
+    config.addinivalue_line("markers", "shared_job(job): judges the suites of a shared MPI job, which runs in "
+                                       "the background (SharedJob.driver in tests/mpi_harness.py)")
+    config.addinivalue_line("markers", "wall_clock: asserts on elapsed wall time; runs after the background "
+                                       "shared jobs have ended")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    # Stable: within each group, the files and tests keep their order.
+    def group(item: pytest.Item) -> int:
+        if item.get_closest_marker("wall_clock") is not None:
+            return 2
+        return 1 if item.get_closest_marker("shared_job") is not None else 0
+    items.sort(key=group)
 
 
 def pytest_collection_finish(session):
     if not session.config.option.collectonly:
         background_builds.start_for(session.items)
+        BACKGROUND_JOBS.start(session.items)
 
 
 def pytest_sessionfinish(session, exitstatus):
     background_builds.stop_all()
+    BACKGROUND_JOBS.stop()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,8 +1,9 @@
 """A pytest plugin (``-p tests.file_times``) that ends the run with each test file's wall time.
 
-scripts/run_tests.sh loads it, so every CI log shows where the suite's time goes. The suites of a
-shared MPI job (tests/mpi_harness.py) all run inside the first driver test of that job, so their rank
-0 wall times are listed too, each by its own name.
+scripts/run_tests.sh loads it, so every CI log shows where the suite's time goes. The shared MPI jobs
+(tests/mpi_harness.py) run in the background (tests/background_jobs.py), so a driver file's time is how
+long its tests waited for them; each job's wall time, and the rank 0 wall time of each of its suites,
+are listed in a second table.
 """
 
 from __future__ import annotations

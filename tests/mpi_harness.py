@@ -9,8 +9,12 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
+
+import pytest
 
 import smdist_tf
 from tests import file_times
@@ -41,11 +45,15 @@ def mpi_env(extra: dict | None = None) -> dict:
     return env
 
 
-def run_under_mpi(np: int, argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:
-    """Runs ``python argv...`` on ``np`` ranks; returns (exit code, combined output)."""
+def run_under_mpi(np: int, argv: list[str], timeout: float, env: dict | None = None,
+                  on_start: Callable[[int], None] | None = None) -> tuple[int, str]:
+    """Runs ``python argv...`` on ``np`` ranks; returns (exit code, combined output).
+
+    ``on_start`` gets the job's process-group id when it starts (see ``run_process_group``).
+    """
     cmd = [mpirun_path(), "-np", str(np), "--oversubscribe", "--bind-to", "none", sys.executable, *argv]
     with private_session_base(BASE_VARIABLE, mpi_env(env)) as job_env:
-        return run_process_group(cmd, ROOT, job_env, timeout)
+        return run_process_group(cmd, ROOT, job_env, timeout, on_start)
 
 
 def run_suite(suites: str | Sequence[str], np: int, timeout: float, env: dict | None = None) -> str:
@@ -72,11 +80,15 @@ class SharedJob:
     """Suites that share one MPI job per rank count: one TensorFlow start-up per rank for all of them.
 
     Drivers add their suites when pytest imports them (``JOB.add(...)`` at module level), so a job
-    holds the suites of the drivers this pytest session collected. The first driver test to run at a
-    rank count starts the job with all of them (in the order added); each driver then judges only its
-    own suites, by the ``suite-outcome`` line every rank prints when a suite file ends
-    (tests/mp/conftest.py): a failure elsewhere in the job fails the suites it failed or kept from running.
-    The suites must want the same environment, and none may leave state behind that a later suite sees.
+    holds the suites of the drivers this pytest session collected. Each driver test is written with
+    ``@JOB.driver()``; once collection ends, tests/background_jobs.py runs the jobs those tests want
+    (tests/conftest.py), one after another, while the other tests run: the jobs fill the CPU that
+    single-process tests and waiting ranks leave idle. The driver tests run last and wait for their
+    job; without a background run (a driver called outside pytest's session) ``run`` starts the job
+    itself. Each driver then judges only its own suites, by the ``suite-outcome`` line every rank
+    prints when a suite file ends (tests/mp/conftest.py): a failure elsewhere in the job fails the
+    suites it failed or kept from running. The suites must want the same environment, and none may
+    leave state behind that a later suite sees.
     """
 
     def __init__(self, name: str, env: dict | None = None) -> None:
@@ -85,6 +97,7 @@ class SharedJob:
         self.suites: list[str] = []
         self.timeout = 0.0
         self.results: dict[int, tuple[int, str]] = {}
+        self._finished: dict[int, threading.Event] = {}  # rank counts scheduled in the background
 
     def add(self, suites: str | Sequence[str], timeout: float) -> list[str]:
         """Adds ``suites`` (files in tests/mp) to the job, ``timeout`` seconds to its time limit; returns them."""
@@ -93,14 +106,37 @@ class SharedJob:
         self.timeout += timeout
         return suites
 
+    def driver(self, rank_counts: Sequence[int] = (2, 4)) -> Callable:
+        """Decorates a driver test ``test_x(np)``: parametrized over ``rank_counts``, marked as this job's."""
+        def decorate(test: Callable) -> Callable:
+            return pytest.mark.shared_job(self)(pytest.mark.parametrize("np", list(rank_counts))(test))
+        return decorate
+
+    def wants(self, np: int) -> None:
+        """Says the job at ``np`` ranks runs in the background: ``run`` waits for ``finished(np, ...)``."""
+        self._finished[np] = threading.Event()
+
+    def finished(self, np: int, result: tuple[int, str]) -> None:
+        self.results[np] = result
+        self._finished[np].set()
+
+    def start(self, np: int, on_start: Callable[[int], None] | None = None) -> tuple[int, str]:
+        """Runs the job at ``np`` ranks now; returns (exit code, combined output)."""
+        paths = [str(MP_DIR / suite) for suite in self.suites]
+        # Some suites load scikit-learn's digits, whichever driver starts the job.
+        env = {**(self.env or {}), "PYTHONPATH": OPTIONAL_PACKAGES + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        started = time.monotonic()
+        result = run_under_mpi(np, ["-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", "--color=no",
+                                    "-W", "ignore::DeprecationWarning"], self.timeout, env, on_start)
+        file_times.record_suite(f"{self.name} job, np {np}: the whole job", time.monotonic() - started)
+        return result
+
     def run(self, suites: Sequence[str], np: int) -> str:
         """Fails unless every rank ran ``suites`` in this job at ``np`` ranks with tests passing and none failing."""
-        if np not in self.results:
-            paths = [str(MP_DIR / suite) for suite in self.suites]
-            # Some suites load scikit-learn's digits, whichever driver starts the job.
-            env = {**(self.env or {}), "PYTHONPATH": OPTIONAL_PACKAGES + os.pathsep + os.environ.get("PYTHONPATH", "")}
-            self.results[np] = run_under_mpi(np, ["-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", "--color=no",
-                                                  "-W", "ignore::DeprecationWarning"], self.timeout, env)
+        if np in self._finished:
+            self._finished[np].wait()
+        elif np not in self.results:
+            self.results[np] = self.start(np)
         code, out = self.results[np]
         problems = []
         for suite in suites:

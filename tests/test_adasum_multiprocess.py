@@ -2,7 +2,6 @@
 is judged by."""
 
 import numpy as np
-import pytest
 
 from tests.mp.adasum_reference import adasum, adasum_pair
 from tests.mpi_harness import PLAIN_JOB
@@ -10,9 +9,9 @@ from tests.mpi_harness import PLAIN_JOB
 ADASUM = PLAIN_JOB.add("suite_adasum.py", timeout=240)  # one job with the other plain suites
 
 
-@pytest.mark.parametrize("np_", [2, 4])
-def test_adasum_suite(np_):
-    PLAIN_JOB.run(ADASUM, np_)
+@PLAIN_JOB.driver()
+def test_adasum_suite(np):
+    PLAIN_JOB.run(ADASUM, np)
 
 
 def test_reference_follows_the_paper():

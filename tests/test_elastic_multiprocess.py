@@ -216,6 +216,7 @@ def test_discovery_waits_for_min_np_slots(tmp_path):
     assert (tmp_path / "calls").read_text() == "3"
 
 
+@pytest.mark.wall_clock
 def test_discovery_gives_up_after_the_elastic_timeout(tmp_path):
     script = _discovery_script(tmp_path, ["localhost:1"])
     start = time.monotonic()

@@ -1,12 +1,10 @@
 """Compression.int8 against the exact sums and its error bound, and training with it: at 2 and 4 real MPI ranks."""
 
-import pytest
-
 from tests.mpi_harness import PLAIN_JOB
 
 INT8 = PLAIN_JOB.add("suite_int8_compression.py", timeout=420)  # one job with the other plain suites
 
 
-@pytest.mark.parametrize("np", [2, 4])
+@PLAIN_JOB.driver()
 def test_int8_compression_suite(np):
     PLAIN_JOB.run(INT8, np)

@@ -28,7 +28,7 @@ HOROVOD_KERAS_NAMES = (
 KERAS_COMPAT = PLAIN_JOB.add("suite_keras_compat.py", timeout=300)  # one job with the other plain suites
 
 
-@pytest.mark.parametrize("np", [2, 4])
+@PLAIN_JOB.driver()
 def test_keras_compat_suite(np):
     PLAIN_JOB.run(KERAS_COMPAT, np)
 

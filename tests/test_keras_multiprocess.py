@@ -14,7 +14,7 @@ pytestmark = pytest.mark.optional_packages  # the examples load scikit-learn's d
 KERAS = PLAIN_JOB.add(["suite_keras.py", "suite_keras_distribution.py"], timeout=600)  # one job with the other plain suites
 
 
-@pytest.mark.parametrize("np", [2, 4])
+@PLAIN_JOB.driver()
 def test_keras_suite(np):
     PLAIN_JOB.run(KERAS, np)
 

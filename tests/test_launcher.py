@@ -464,6 +464,7 @@ def test_exported_environment():
     ("SMDIST_BUCKET_CAP_MB", "0", "SMDIST_BUCKET_CAP_MB must be a positive number"),
     ("SMDIST_TIMELINE_SAMPLE_EVERY", "0", "SMDIST_TIMELINE_SAMPLE_EVERY='0' is not valid"),
 ])
+@pytest.mark.wall_clock
 def test_malformed_engine_settings_are_refused_before_any_rank_starts(name, value, says, monkeypatch, capsys):
     before = dict(os.environ)
     with pytest.raises(UsageError, match=re.escape(says)):

@@ -80,6 +80,7 @@ def test_output_is_tagged_and_flags_reach_every_rank(np, tmp_path, capfd, deadli
     assert "@smdistrun@" not in out + err  # the agents' markers are consumed
 
 
+@pytest.mark.wall_clock
 @pytest.mark.parametrize("np", [2, 4])
 def test_failed_rank_stops_the_others_with_its_code(np, capfd, deadline):
     deadline(60)
@@ -190,6 +191,7 @@ def test_killed_rank_is_reported(capfd, deadline):
     assert leftovers(tag) == []
 
 
+@pytest.mark.wall_clock
 def test_ctrl_c_stops_every_rank(capfd):
     tag = uuid.uuid4().hex
     done = threading.Event()
@@ -302,6 +304,7 @@ def test_start_timeout(capfd, deadline):
     lambda marker, tmp: ["-np", "2"],
     lambda marker, tmp: ["-np", "2", "--hostfile", tmp, "touch", marker],
 ], ids=["unknown-host", "np-over-slots", "missing-command", "bad-hostfile-line"])
+@pytest.mark.wall_clock
 def test_bad_arguments_exit_2_and_start_nothing(make_argv, tmp_path, capfd):
     marker = tmp_path / "started"
     hostfile = tmp_path / "hosts"

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.optional_packages  # the examples load scikit-learn's d
 PIPELINE = PLAIN_JOB.add("suite_pipeline.py", timeout=480)  # one job with the other plain suites
 
 
-@pytest.mark.parametrize("np", [2, 4])
+@PLAIN_JOB.driver()
 def test_pipeline_suite(np):
     PLAIN_JOB.run(PIPELINE, np)
 

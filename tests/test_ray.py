@@ -22,7 +22,8 @@ from smdist_tf.ray import RayExecutor, RayRunError
 from smdist_tf.ray.shm_sweep import SHM_DIR, paths_in_use
 from tests import ray_rank_fns as fns
 
-pytestmark = pytest.mark.optional_packages  # the example loads scikit-learn's digits
+# The example loads scikit-learn's digits; a run must end within 5 s of an actor's death (judged on a quiet machine).
+pytestmark = [pytest.mark.optional_packages, pytest.mark.wall_clock]
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,8 @@ from benchmarks.netns_hosts import Unavailable, two_namespace_hosts
 from smdist_tf.ray import RayExecutor, RayRunError
 from tests import ray_rank_fns as fns
 
-pytestmark = pytest.mark.optional_packages  # the example loads scikit-learn's digits
+# The example loads scikit-learn's digits; a run must end within 5 s of a node's loss (judged on a quiet machine).
+pytestmark = [pytest.mark.optional_packages, pytest.mark.wall_clock]
 
 ROOT = Path(__file__).resolve().parent.parent
 

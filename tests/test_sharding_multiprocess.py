@@ -1,7 +1,5 @@
 """Optimizer-state and parameter sharding across 2 and 4 ranks, and checkpoints that move between rank counts."""
 
-import pytest
-
 from tests.mpi_harness import STALL_SHUTDOWN_JOB, run_under_mpi
 
 
@@ -10,12 +8,12 @@ SHARDING = STALL_SHUTDOWN_JOB.add("suite_sharding.py", timeout=900)  # one job w
 PARAMETER_SHARDING = STALL_SHUTDOWN_JOB.add("suite_parameter_sharding.py", timeout=300)  # stage 3, same job
 
 
-@pytest.mark.parametrize("np", [2, 4])
+@STALL_SHUTDOWN_JOB.driver()
 def test_sharding_suite(np):
     STALL_SHUTDOWN_JOB.run(SHARDING, np)
 
 
-@pytest.mark.parametrize("np", [2, 4])
+@STALL_SHUTDOWN_JOB.driver()
 def test_parameter_sharding_suite(np):
     STALL_SHUTDOWN_JOB.run(PARAMETER_SHARDING, np)
 

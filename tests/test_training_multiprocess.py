@@ -11,7 +11,7 @@ pytestmark = pytest.mark.optional_packages  # the examples load scikit-learn's d
 TRAINING = PLAIN_JOB.add("suite_training.py", timeout=600)  # one job with the other plain suites
 
 
-@pytest.mark.parametrize("np", [2, 4])
+@PLAIN_JOB.driver()
 def test_training_suite(np):
     PLAIN_JOB.run(TRAINING, np)
 

@@ -4,13 +4,11 @@ tests/mp/suite_uneven_data.py on 2 and 4 real MPI ranks. SMDIST_STALL_SHUTDOWN_T
 regression that hangs fail in about a minute on every rank.
 """
 
-import pytest
-
 from tests.mpi_harness import STALL_SHUTDOWN_JOB
 
 UNEVEN = STALL_SHUTDOWN_JOB.add("suite_uneven_data.py", timeout=600)  # one job with the other such suites
 
 
-@pytest.mark.parametrize("np", [2, 4])
+@STALL_SHUTDOWN_JOB.driver()
 def test_uneven_data_suite(np):
     STALL_SHUTDOWN_JOB.run(UNEVEN, np)

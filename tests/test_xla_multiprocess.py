@@ -1,14 +1,12 @@
 """XLA: collectives inside ``jit_compile`` functions equal the same calls without XLA, on 2 and 4 real MPI ranks."""
 
-import pytest
-
 from tests.mpi_harness import STALL_SHUTDOWN_JOB, run_under_mpi
 
 
 XLA = STALL_SHUTDOWN_JOB.add("suite_xla.py", timeout=600)  # one job with the other such suites
 
 
-@pytest.mark.parametrize("np", [2, 4])
+@STALL_SHUTDOWN_JOB.driver()
 def test_xla_suite(np):
     STALL_SHUTDOWN_JOB.run(XLA, np)
 
