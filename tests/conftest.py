@@ -9,8 +9,9 @@ started, niced, when collection ended (in the CPU time the other tests leave idl
 
 ``@JOB.driver()`` (``tests/mpi_harness.py``, marker ``shared_job``): a test that judges a shared MPI job's
 suites. The jobs its tests want start in the background when collection ends, and those tests run after
-the others, each waiting for its job's run. ``@pytest.mark.wall_clock`` (a whole file, as ``pytestmark``):
-tests that assert how much wall time passed run after that, on a machine the background jobs have left.
+the others, each waiting for its job's run; then the tests that wait for a background build. Last,
+``@pytest.mark.wall_clock`` (a whole file, as ``pytestmark``): tests that assert how much wall time
+passed, on a machine the background jobs have left.
 
 ``@pytest.mark.optional_packages``: only the processes a test marked so starts see .venv/optional
 (scikit-learn, requirements-optional.txt) on ``PYTHONPATH``; ``@pytest.mark.jax_packages``, the same for
@@ -51,11 +52,13 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    # Stable: within each group, the files and tests keep their order.
+    # The background jobs leave a niced build little CPU until they end: a test that waits for one
+    # runs after the drivers, not in the middle of the other tests. Stable: within each group, the
+    # files and tests keep their order.
+    order = ("shared_job", "background_build", "wall_clock")
+
     def group(item: pytest.Item) -> int:
-        if item.get_closest_marker("wall_clock") is not None:
-            return 2
-        return 1 if item.get_closest_marker("shared_job") is not None else 0
+        return max((order.index(m.name) + 1 for m in item.iter_markers() if m.name in order), default=0)
     items.sort(key=group)
 
 
