@@ -266,19 +266,26 @@ def test_sigterm_to_smdistrun_leaves_no_orphans():
             proc.wait()
 
 
-@pytest.mark.parametrize("victim", ["smdistrun", "mpirun"])
+@pytest.mark.parametrize("victim", ["smdistrun", "mpirun", "rank agents"])
 def test_sigkill_of_the_launcher_leaves_no_orphans(victim):
-    """SIGKILL allows no cleanup: mpirun gets SIGTERM when smdistrun dies, and each rank's agent stops its
-    program and everything the program started when mpirun dies."""
+    """SIGKILL allows no cleanup: mpirun gets SIGTERM when smdistrun dies, each rank's agent stops its
+    program and everything the program started when mpirun dies, and a rank agent's guard does it when the
+    agent itself is killed (mpirun kills an agent that is too slow to act on its SIGTERM)."""
     tag = uuid.uuid4().hex
     proc = start_hanging_job(tag)
     try:
         assert len([line for line in leftovers(tag) if "time.sleep(300)" in line]) == 2
         if victim == "smdistrun":
             os.kill(proc.pid, signal.SIGKILL)
-        else:
+        elif victim == "mpirun":
             (mpirun,) = [int(line.split()[0]) for line in leftovers(tag) if "prterun" in line or "mpirun" in line]
             os.kill(mpirun, signal.SIGKILL)
+        else:  # mpirun's children only: each agent's guard carries the agent's command line too
+            (mpirun,) = [line.split()[0] for line in leftovers(tag) if "prterun" in line or "mpirun" in line]
+            agents = subprocess.run(["pgrep", "-P", mpirun], capture_output=True, text=True, timeout=10).stdout.split()
+            assert len(agents) == 2, leftovers(tag)
+            for agent in agents:
+                os.kill(int(agent), signal.SIGKILL)
         give_up = time.monotonic() + 15
         while leftovers(tag) and time.monotonic() < give_up:
             time.sleep(0.2)

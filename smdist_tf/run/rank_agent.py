@@ -9,8 +9,8 @@ Between mpirun and the user's program it:
   stderr that carry the launch's token (the launcher removes them from the output),
   so the launcher can name the rank that failed first and enforce ``--start-timeout``;
 * forwards termination signals to the program and the processes it started (its own
-  process group), and kills them if mpirun or its daemon disappears, so no rank
-  outlives the job;
+  process group), and kills them if mpirun or its daemon disappears, or, through a forked
+  guard, if the agent itself is killed before it could, so no rank outlives the job;
 * with ``--wait-for-stop``, when the program fails, reports it and then waits to be stopped
   instead of exiting: a rank's non-zero exit makes mpirun abort the job, and from then on
   mpirun drops what the other ranks print (PRRTE issue #109), so the launcher ends the job
@@ -104,6 +104,81 @@ def parent_death_signal(signum: int) -> Callable[[], None]:
             prctl(1, signum)  # PR_SET_PDEATHSIG
 
     return set_it
+
+
+def start_group_guard(program_group: int) -> int:
+    """Forks a guard that stops the program's process group if this agent dies without doing so.
+
+    mpirun kills an agent that is still alive a second after its SIGTERM; on a loaded machine that
+    can come before the agent has forwarded the SIGTERM, and the program's own parent-death signal
+    does not reach what the program started. The guard sits in a session of its own (a kill of the
+    agent's group, or Ctrl-C, does not reach it), gets SIGTERM when the agent dies, and then stops
+    the program's group as ``watch_parent`` would. Call it while the agent has only one thread.
+
+    Returns:
+        The guard's pid; the agent kills it when it ends normally.
+    """
+    agent = os.getpid()
+    set_death_signal = parent_death_signal(signal.SIGTERM)
+    # Blocked in the guard from its first instruction: its death signal waits for sigwait instead of killing it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    guard = os.fork()
+    if guard:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        return guard
+    try:
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)  # mpirun's output pipes must not wait for the guard
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        set_death_signal()
+        # A SIGTERM while the agent lives (pkill of the command line) is not the agent's death.
+        while os.getppid() == agent:
+            signal.sigwait({signal.SIGTERM})
+        stop_process_group(program_group)
+    finally:
+        os._exit(0)
+
+
+def stop_process_group(group: int) -> None:
+    """SIGTERM to the group, then SIGKILL to what is left of it after a grace period."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(group, signum)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + _KILL_GRACE_S
+        while signum == signal.SIGTERM and time.monotonic() < deadline:
+            time.sleep(0.1)
+            if not group_has_live_members(group):
+                return
+
+
+def group_has_live_members(group: int) -> bool:
+    """Whether a process of ``group`` is still running.
+
+    Zombies do not count: an orphan's zombie stays in its group until the process that inherited it
+    (init, or a subreaper) reaps it, which can take a second.
+    """
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no procfs: any member, zombie or not
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for pid in filter(str.isdigit, entries):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        state, _parent, pgrp = stat[stat.rindex(b")") + 2:].split()[:3]
+        if int(pgrp) == group and state not in (b"Z", b"X"):
+            return True
+    return False
 
 
 class TensorFlowStartupFilter:
@@ -214,6 +289,20 @@ def main(argv: list[str]) -> int:
         marker(f"exit {rank} 127 0 0")
         return 127
 
+    guard = start_group_guard(child.pid)
+    try:
+        return _relay(child, rank, parent, stopped, stdout_copy, stderr_copy, quiet_tf_startup, on_rank_zero_too,
+                      wait_for_stop, timestamps)
+    finally:
+        os.kill(guard, signal.SIGKILL)
+        os.waitpid(guard, 0)
+
+
+def _relay(child: subprocess.Popen, rank: int, parent: int, stopped: threading.Event, stdout_copy: str | None,
+           stderr_copy: str | None, quiet_tf_startup: bool, on_rank_zero_too: bool, wait_for_stop: bool,
+           timestamps: bool) -> int:
+    """Relays the program's output and signals until it ends; returns the rank's exit code."""
+
     def signal_program(signum: int) -> None:
         try:
             os.killpg(child.pid, signum)
@@ -233,11 +322,7 @@ def main(argv: list[str]) -> int:
         while child.poll() is None:
             if os.getppid() != parent:
                 stopped.set()
-                signal_program(signal.SIGTERM)
-                deadline = time.monotonic() + _KILL_GRACE_S
-                while child.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                signal_program(signal.SIGKILL)
+                stop_process_group(child.pid)
                 return
             time.sleep(0.5)
 
