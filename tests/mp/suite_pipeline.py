@@ -678,6 +678,7 @@ class PipelineUnevenBatchTest(tf.test.TestCase):
 class PipelineCompiledStepTest(tf.test.TestCase):
     """A step is one tf.function: traced once per batch shape, its gradient sync bucketed inside it."""
 
+    @at_two_ranks_only("each rank traces its own step function; the stage layouts are compared at 4 ranks below")
     def test_one_trace_per_batch_shape_and_mode(self):
         # 45 = 5 x 8 + 5: training traces batches of 8 and of 5, evaluation the same two again.
         x, y = data(45, seed=30)
@@ -773,6 +774,7 @@ class PipelineExportTest(tf.test.TestCase):
         self.assertTrue(keras.config.is_interactive_logging_enabled(), "the setting was not restored")
         return printed.getvalue()
 
+    @at_two_ranks_only("rank 0 prints and every other rank keeps quiet, however many there are")
     def test_progress_is_printed_on_rank_zero_only_by_default(self):
         printed = self._fit_output()
         if RANK == 0:
