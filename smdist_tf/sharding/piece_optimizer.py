@@ -56,10 +56,30 @@ class PieceApply:
         super().build(pieces_of(variables))
 
     def apply(self, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None) -> Any:
+        chain: Optional[list] = None
         if trainable_variables is not None:
             _check_no_constraints(trainable_variables)
-            trainable_variables = pieces_of(trainable_variables)
-        return super().apply(grads, trainable_variables)
+            # Last layer first: the order the backward pass delivers the pieces' gradients in (see update_step).
+            grads, trainable_variables = list(grads)[::-1], pieces_of(trainable_variables)[::-1]
+            chain = []
+        self._smdist_pieces.last_update = chain
+        try:
+            return super().apply(grads, trainable_variables)
+        finally:
+            self._smdist_pieces.last_update = None
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        # One piece's update after another, in the backward pass's order: the optimizer's temporaries of one
+        # piece are alive at a time, not those of every piece at once, and each piece's gradient is consumed
+        # soon after it arrives. The next update waits for a read of this piece, which automatic control
+        # dependencies order after this update's writes to it.
+        last_update = self._smdist_pieces.last_update
+        if last_update is None or not tf.inside_function():
+            super().update_step(gradient, variable, learning_rate)
+            return
+        with tf.control_dependencies(last_update):
+            super().update_step(gradient, variable, learning_rate)
+            self._smdist_pieces.last_update = [tf.convert_to_tensor(variable)]
 
     def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> list:
         return list(grads_and_vars)  # each piece's gradient arrives reduced
@@ -113,6 +133,8 @@ class _PieceSlots:
     def __init__(self) -> None:
         self.owners: dict[int, ShardedParameter] = {}  # id(slot) -> the parameter whose piece it is shaped like
         self.gathered: Optional[dict[int, np.ndarray]] = None
+        # While apply() runs with its variables given: what the next piece's update waits for.
+        self.last_update: Optional[list] = None
 
 
 def _check_no_constraints(variables: Sequence[Any]) -> None:
