@@ -118,10 +118,10 @@ def engine_config() -> dict:
     measured it on this host (see ``SMDIST_CROSS_MEMORY_MIN_BYTES``). With
     ``SMDIST_AUTOTUNE=1`` (``autotune``) the fusion threshold, cycle time and the
     two intra-host minimums are the ones in force now, and ``autotune_finished``
-    says whether tuning has made its choice. ``negotiation_wait`` is ``sleep`` where
-    some host runs more ranks than it has cores (a rank waiting for a peer's
-    negotiation then sleeps between polls instead of polling on a core that peer
-    needs), else ``poll``.
+    says whether tuning has made its choice. ``negotiation_busy_poll_us`` is how
+    long a rank waiting for its peers' negotiation polls without pause before it
+    yields and then sleeps between polls: 2000, or 100 where some host runs more
+    ranks than it has cores (polling there takes the core a peer needs).
     """
     return dict(_rt.config())
 

@@ -355,9 +355,9 @@ std::string Engine::intra_host_allreduce() const {
   return world_transports_ ? world_transports_->intra_host_allreduce() : std::string();
 }
 
-bool Engine::negotiation_spares_cores() const {
+int64_t Engine::negotiation_busy_poll_us() const {
   std::lock_guard<std::mutex> state(state_mu_);
-  return world_transports_ != nullptr && world_transports_->spares_cores_in_negotiation();
+  return world_transports_ != nullptr ? world_transports_->negotiation_busy_poll().count() : 0;
 }
 
 Topology Engine::topology() const {

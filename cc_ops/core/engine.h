@@ -58,8 +58,9 @@ class Engine {
   bool initialized() const { return initialized_.load(); }
   Topology topology() const;
   std::string intra_host_allreduce() const;
-  // Whether negotiation waits sleep between polls (ranks outnumber cores on some host).
-  bool negotiation_spares_cores() const;
+  // How long a negotiation round polls without pause before it yields, then sleeps (shorter
+  // where ranks outnumber cores on some host); 0 before init.
+  int64_t negotiation_busy_poll_us() const;
   // Whether the communication runtime lets several threads call it at once
   // (MPI_THREAD_MULTIPLE): point-to-point messages need it.
   bool runtime_threads_multiple() const { return runtime_threads_multiple_; }

@@ -113,7 +113,7 @@ PYBIND11_MODULE(_runtime, m) {
     d["autotune_finished"] = c.autotune_finished;
     // What the transport actually chose (the settings above are only wishes).
     d["intra_host_allreduce"] = smdist::Engine::Instance().intra_host_allreduce();
-    d["negotiation_wait"] = smdist::Engine::Instance().negotiation_spares_cores() ? "sleep" : "poll";
+    d["negotiation_busy_poll_us"] = smdist::Engine::Instance().negotiation_busy_poll_us();
     return d;
   });
   // Bytes of this rank's shared output arena that tensors hold now (tests).

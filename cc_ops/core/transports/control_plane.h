@@ -4,6 +4,7 @@
 // (shared memory, NCCL) while negotiation stays on one that every rank reaches.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -11,6 +12,25 @@
 #include "transports/topology.h"
 
 namespace smdist {
+
+// How a negotiation round waits for its peers: polls without pause (peers that are there answer
+// within microseconds), then with yields, then with sleeps between polls. Every rank of a job
+// waits alike.
+struct NegotiationWait {
+  std::chrono::microseconds busy_poll;    // polls without pause this long into the round,
+  std::chrono::microseconds yield_until;  // then with yields up to this long, then with sleeps.
+  // While peers keep coming late, and in an idle rank's rounds, rounds poll only briefly, then sleep.
+  bool brief_while_late;
+
+  // Each rank has a core: polling long keeps a round as fast as a blocking call.
+  static constexpr NegotiationWait OwnCores() {
+    return {std::chrono::microseconds(2000), std::chrono::microseconds(3000), true};
+  }
+  // Ranks outnumber cores on some host: a polling rank takes the core a peer needs.
+  static constexpr NegotiationWait SharedCores() {
+    return {std::chrono::microseconds(100), std::chrono::microseconds(1000), false};
+  }
+};
 
 class ControlPlane {
  public:

@@ -95,7 +95,7 @@ Status Transports::Assemble(const EngineConfig& config, std::shared_ptr<MpiCommu
   }
   if (shm) t->data_.push_back(std::move(shm));
   t->data_.push_back(std::make_unique<MpiCollectives>(comms));
-  t->control_ = std::make_unique<MpiControlPlane>(comms, t->spare_cores_);
+  t->control_ = std::make_unique<MpiControlPlane>(comms, t->negotiation_wait_);
   // GPU tensors: NCCL first, where every rank of the group can load it (one
   // answer for all, or ranks would pick different transports); otherwise the
   // executor stages them through host memory for the transports above.
@@ -112,7 +112,7 @@ Status Transports::Assemble(const EngineConfig& config, std::shared_ptr<MpiCommu
       SMDIST_RETURN_IF_ERROR(MpiCommunicators::Create(comms->local(), config.hostname, &local));
       SMDIST_RETURN_IF_ERROR(MpiCommunicators::Create(comms->cross(), config.hostname, &cross));
       t->data_.insert(t->data_.begin(), std::make_unique<HierarchicalNcclAllreduce>(
-                                            nccl, cuda, std::make_unique<MpiControlPlane>(local, t->spare_cores_),
+                                            nccl, cuda, std::make_unique<MpiControlPlane>(local, t->negotiation_wait_),
                                             std::make_unique<MpiCollectives>(cross), t->control_.get(),
                                             config.hostname));
     }
@@ -124,20 +124,20 @@ Status Transports::Create(const EngineConfig& config, bool point_to_point, std::
   auto t = std::make_unique<Transports>();
   std::shared_ptr<MpiCommunicators> comms;
   SMDIST_RETURN_IF_ERROR(MpiCommunicators::Create(MPI_COMM_WORLD, config.hostname, &comms));
-  // Where ranks outnumber cores, a rank polling MPI while it waits for a peer takes the core that
-  // peer needs: negotiation then waits sparing the core, on every rank alike (any host decides).
+  // Where ranks outnumber cores, a rank polling while it waits for a peer takes the core that peer
+  // needs: there negotiation rounds stop polling without pause early (any host decides for all).
   int oversubscribed = HostOversubscribed(comms->topology()) ? 1 : 0;
   const int rc = MPI_Allreduce(MPI_IN_PLACE, &oversubscribed, 1, MPI_INT, MPI_LOR, comms->world());
   if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce(oversubscribed)");
-  t->spare_cores_ = oversubscribed != 0;
-  if (t->spare_cores_) LogInfo("ranks outnumber cores on a host: negotiation waits sleep between polls");
+  t->negotiation_wait_ = oversubscribed != 0 ? NegotiationWait::SharedCores() : NegotiationWait::OwnCores();
+  if (oversubscribed != 0) LogInfo("ranks outnumber cores on a host: negotiation rounds poll briefly, then sleep");
   SMDIST_RETURN_IF_ERROR(Assemble(config, comms, config.shared_output_bytes, t.get()));
   // A communicator of its own: process sets are registered on the caller's
   // thread while the collective streams run, and one communicator must not
   // carry two threads' collectives at once.
   std::shared_ptr<MpiCommunicators> registration;
   SMDIST_RETURN_IF_ERROR(MpiCommunicators::Create(MPI_COMM_WORLD, config.hostname, &registration));
-  t->registration_ = std::make_unique<MpiControlPlane>(registration, t->spare_cores_);
+  t->registration_ = std::make_unique<MpiControlPlane>(registration, t->negotiation_wait_);
   if (point_to_point) {
     // Created here because duplicating COMM_WORLD is collective and this runs on every rank.
     std::unique_ptr<MpiPointToPoint> p2p;
@@ -166,7 +166,7 @@ Status Transports::CreateForMembers(const EngineConfig& config, const std::vecto
   EngineConfig set_config = config;
   set_config.cross_memory_min_bytes = cross_memory_min_bytes_;  // measured once, for all ranks
   auto t = std::make_unique<Transports>();
-  t->spare_cores_ = spare_cores_;  // the members agreed with the whole job
+  t->negotiation_wait_ = negotiation_wait_;  // the members agreed with the whole job
   SMDIST_RETURN_IF_ERROR(Assemble(set_config, comms, /*arena_bytes=*/0, t.get()));
   *out = std::move(t);
   return Status::OK();

@@ -4,6 +4,7 @@
 // channel. The engine sees only the interfaces.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -71,7 +72,8 @@ class Transports {
   const std::shared_ptr<SharedOutputArena>& output_arena() const { return output_arena_; }
   // How large allreduces travel between ranks of one host (for introspection).
   const std::string& intra_host_allreduce() const { return intra_host_allreduce_; }
-  bool spares_cores_in_negotiation() const { return spare_cores_; }
+  // How long a negotiation round polls without pause before it yields and sleeps.
+  std::chrono::microseconds negotiation_busy_poll() const { return negotiation_wait_.busy_poll; }
   // Single-host allreduces of at least this many bytes read peers' memory
   // directly; whether that size was measured here (config unset) or given.
   int64_t cross_memory_min_bytes() const { return cross_memory_min_bytes_; }
@@ -96,8 +98,8 @@ class Transports {
   std::string intra_host_allreduce_;
   int64_t cross_memory_min_bytes_ = 0;
   bool cross_memory_min_measured_ = false;
-  // Some host runs more ranks than it has cores: negotiation waits sleep (MpiControlPlane).
-  bool spare_cores_ = false;
+  // How negotiation rounds wait: shorter polls where some host runs more ranks than it has cores.
+  NegotiationWait negotiation_wait_ = NegotiationWait::OwnCores();
   // The intra-host transports among data_, or null.
   SharedMemoryAllreduce* shm_ = nullptr;
   CrossMemoryAllreduce* cma_ = nullptr;

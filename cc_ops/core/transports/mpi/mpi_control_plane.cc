@@ -11,28 +11,47 @@ namespace smdist {
 
 namespace {
 
-// Peers that are there answer a negotiation round within microseconds: poll
-// without pause that long, as MPI's blocking calls do.
-constexpr auto kPollWithoutPause = std::chrono::microseconds(100);
-// A peer a little behind arrives within a millisecond: poll, yielding the core.
-constexpr auto kPollWithYields = std::chrono::milliseconds(1);
-// Bounds what a sleep adds to a round once the late peer arrives.
+// The first sleep between polls, doubled after each up to the longest, which bounds what a
+// sleep adds to a round once the late peer arrives.
+constexpr auto kFirstSleep = std::chrono::microseconds(20);
 constexpr auto kLongestSleep = std::chrono::microseconds(250);
+// The rounds after one that outlasted the polls and yields, with brief_while_late, poll
+// only this long, then sleep: a cycle's first round waits for the late peer, the next ones
+// find it there.
+constexpr int kBriefRoundsAfterLatePeer = 8;
+constexpr auto kBriefPoll = std::chrono::microseconds(100);
+// So does a round that starts this long after the last one ended: it comes from a rank that
+// was idle (its engine negotiates now and then) or paused, and no step of its own waits on it.
+constexpr auto kPauseBeforeIdleRound = std::chrono::milliseconds(5);
 
-// A peer may be a whole step behind, and polling all that time takes the core
-// from the ranks still computing (where ranks outnumber cores, from the very
-// peer being waited for): after the polls above, sleep ever longer between polls.
-Status WaitSparingTheCore(MPI_Request* request, const char* what) {
+}  // namespace
+
+// A peer may be a whole step behind, and polling all that time takes a core from
+// the ranks still computing (TensorFlow's threads, or the very peer being waited
+// for): after the busy polls and the yields, sleep ever longer between polls.
+Status MpiControlPlane::Wait(MPI_Request* request, const char* what) {
   const auto start = std::chrono::steady_clock::now();
-  auto sleep = std::chrono::microseconds(20);
+  const bool brief = wait_.brief_while_late &&
+                     (brief_rounds_left_ > 0 || start - last_round_end_ > kPauseBeforeIdleRound);
+  const auto busy = brief ? kBriefPoll : wait_.busy_poll;
+  const auto yield_until = brief ? kBriefPoll : wait_.yield_until;
+  auto sleep = kFirstSleep;
   while (true) {
     int done = 0;
     const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return MpiError(rc, what);
-    if (done) return Status::OK();
     const auto waited = std::chrono::steady_clock::now() - start;
-    if (waited < kPollWithoutPause) continue;
-    if (waited < kPollWithYields) {
+    if (done) {
+      last_round_end_ = start + waited;
+      if (waited >= wait_.yield_until) {
+        brief_rounds_left_ = kBriefRoundsAfterLatePeer;
+      } else if (brief_rounds_left_ > 0) {
+        --brief_rounds_left_;
+      }
+      return Status::OK();
+    }
+    if (waited < busy) continue;
+    if (waited < yield_until) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(sleep);
@@ -41,18 +60,11 @@ Status WaitSparingTheCore(MPI_Request* request, const char* what) {
   }
 }
 
-}  // namespace
-
-Status MpiControlPlane::Round(const char* what, const std::function<int()>& blocking,
-                              const std::function<int(MPI_Request*)>& start) const {
-  if (!spare_cores_) {
-    const int rc = blocking();
-    return rc == MPI_SUCCESS ? Status::OK() : MpiError(rc, what);
-  }
+Status MpiControlPlane::Round(const char* what, const std::function<int(MPI_Request*)>& start) {
   MPI_Request request;
   const int rc = start(&request);
   if (rc != MPI_SUCCESS) return MpiError(rc, what);
-  return WaitSparingTheCore(&request, what);
+  return Wait(&request, what);
 }
 
 Status MpiControlPlane::GatherToRoot(const std::vector<uint8_t>& mine,
@@ -63,9 +75,9 @@ Status MpiControlPlane::GatherToRoot(const std::vector<uint8_t>& mine,
   std::vector<int> sizes(topo.rank == 0 ? n : 0);
   MPI_Comm world = comms_->world();
   // The root waits here for the last rank to reach this round; the payload follows at once.
-  SMDIST_RETURN_IF_ERROR(Round(
-      "MPI_Gather", [&] { return MPI_Gather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, world); },
-      [&](MPI_Request* r) { return MPI_Igather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, world, r); }));
+  SMDIST_RETURN_IF_ERROR(Round("MPI_Gather", [&](MPI_Request* r) {
+    return MPI_Igather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, world, r);
+  }));
   std::vector<int> displs;
   std::vector<uint8_t> all;
   if (topo.rank == 0) {
@@ -93,9 +105,8 @@ Status MpiControlPlane::BroadcastFromRoot(std::vector<uint8_t>* bytes) {
   int64_t size = static_cast<int64_t>(bytes->size());
   MPI_Comm world = comms_->world();
   // The other ranks wait here for the root's answer; the payload follows at once.
-  SMDIST_RETURN_IF_ERROR(Round(
-      "MPI_Bcast", [&] { return MPI_Bcast(&size, 1, MPI_INT64_T, 0, world); },
-      [&](MPI_Request* r) { return MPI_Ibcast(&size, 1, MPI_INT64_T, 0, world, r); }));
+  SMDIST_RETURN_IF_ERROR(
+      Round("MPI_Bcast", [&](MPI_Request* r) { return MPI_Ibcast(&size, 1, MPI_INT64_T, 0, world, r); }));
   bytes->resize(size);
   return MpiBroadcast(world, bytes->data(), size, DataType::kUInt8, 0);
 }
@@ -104,10 +115,9 @@ Status MpiControlPlane::AllreduceBits(std::vector<uint64_t>* words, bool bitwise
   const int count = static_cast<int>(words->size());
   const MPI_Op op = bitwise_and ? MPI_BAND : MPI_BOR;
   MPI_Comm world = comms_->world();
-  return Round(
-      "MPI_Allreduce(bits)",
-      [&] { return MPI_Allreduce(MPI_IN_PLACE, words->data(), count, MPI_UINT64_T, op, world); },
-      [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, words->data(), count, MPI_UINT64_T, op, world, r); });
+  return Round("MPI_Allreduce(bits)", [&](MPI_Request* r) {
+    return MPI_Iallreduce(MPI_IN_PLACE, words->data(), count, MPI_UINT64_T, op, world, r);
+  });
 }
 
 }  // namespace smdist

@@ -1,6 +1,7 @@
 // Negotiation messages over MPI collectives on one group's communicator.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 
@@ -11,10 +12,8 @@ namespace smdist {
 
 class MpiControlPlane : public ControlPlane {
  public:
-  // spare_cores: wait for a round with nonblocking calls that sleep between polls (every rank of the
-  // communicator must choose alike: a nonblocking collective does not match a blocking one).
-  MpiControlPlane(std::shared_ptr<MpiCommunicators> comms, bool spare_cores)
-      : comms_(std::move(comms)), spare_cores_(spare_cores) {}
+  MpiControlPlane(std::shared_ptr<MpiCommunicators> comms, NegotiationWait wait)
+      : comms_(std::move(comms)), wait_(wait) {}
 
   const Topology& topology() const override { return comms_->topology(); }
   Status GatherToRoot(const std::vector<uint8_t>& mine,
@@ -24,12 +23,15 @@ class MpiControlPlane : public ControlPlane {
   const MpiCommunicators& communicators() const { return *comms_; }
 
  private:
-  // The blocking call, or the nonblocking one started by `start` and waited for sparing the core.
-  Status Round(const char* what, const std::function<int()>& blocking,
-               const std::function<int(MPI_Request*)>& start) const;
+  // The nonblocking collective started by `start`, waited for sparing the core.
+  Status Round(const char* what, const std::function<int(MPI_Request*)>& start);
+  Status Wait(MPI_Request* request, const char* what);
 
   std::shared_ptr<MpiCommunicators> comms_;
-  bool spare_cores_;
+  const NegotiationWait wait_;
+  // How many more rounds poll only briefly, since one outlasted the polls and yields.
+  int brief_rounds_left_ = 0;
+  std::chrono::steady_clock::time_point last_round_end_;
 };
 
 }  // namespace smdist
