@@ -62,8 +62,9 @@ class NegotiationWaitTest(tf.test.TestCase):
         # Compared once every rank has measured, so an assertion cannot leave a rank behind.
         if RANK != 0:
             # Polling took a whole core at np=2 (blocking MPI calls) and a third of one at np=4 on 2 cores;
-            # sleeping between polls takes about 5 %.
-            self.assertLess(cpu, 0.15 * waited, f"rank {RANK} used {cpu:.2f} s of CPU waiting {waited:.2f} s")
+            # sleeping between polls takes about 11 % at np=2 and 5 % at np=4 on the 2-core VM. The bound
+            # leaves room for a machine whose wake-ups cost twice as much.
+            self.assertLess(cpu, 0.2 * waited, f"rank {RANK} used {cpu:.2f} s of CPU waiting {waited:.2f} s")
 
 
 class TimelineFileTest(tf.test.TestCase):
