@@ -60,6 +60,7 @@ class CollectiveStream {
   bool HasInFlight() { return queue_.HasInFlight(); }
   // Tests: see Engine.
   std::vector<std::string> cached_names();
+  uint64_t cycles_run() const { return cycles_run_.load(); }
   // With autotuning (set 0 only): the parameters in force now, and whether
   // tuning has finished. False when this stream does not tune.
   bool tuned_parameters(TunableParameters* out, bool* finished) const;

@@ -331,6 +331,13 @@ Status Engine::CachedNames(std::vector<std::string>* out) {
   return Status::OK();
 }
 
+Status Engine::CyclesRun(uint64_t* out) {
+  std::shared_ptr<CollectiveStream> global;
+  SMDIST_RETURN_IF_ERROR(StreamOf(0, &global));
+  *out = global->cycles_run();
+  return Status::OK();
+}
+
 std::vector<std::string> Engine::DescribeAllreducePlan(const std::vector<int64_t>& counts, DataType dtype,
                                                        WireCompression compression, double prescale) {
   std::shared_ptr<CollectiveStream> global;

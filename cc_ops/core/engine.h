@@ -110,6 +110,9 @@ class Engine {
   // error once the engine stopped (a peer's shutdown() stops it here too):
   // an empty list would read as a cache that disagrees with the peers'.
   Status CachedNames(std::vector<std::string>* out);
+  // Negotiation cycles the global set has run so far, idle ones included (tests:
+  // an idle engine must negotiate ever less often).
+  Status CyclesRun(uint64_t* out);
   // How an allreduce of host tensors of these element counts would run here
   // now: one "<transport> in_place|packed <member>,..." line per step of the
   // fusion planner's plan (tests). Empty when not running.

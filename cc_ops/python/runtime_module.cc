@@ -128,6 +128,11 @@ PYBIND11_MODULE(_runtime, m) {
     RaiseIfError(smdist::Engine::Instance().CachedNames(&names));
     return names;
   });
+  m.def("_cycles_run", [] {
+    uint64_t cycles = 0;
+    RaiseIfError(smdist::Engine::Instance().CyclesRun(&cycles));
+    return cycles;
+  });
   m.def("_allreduce_plan", [](const std::vector<int64_t>& counts, const std::string& dtype,
                               const std::string& compression, double prescale) {
     // Names as DataTypeName / WireCompressionName spell them ("float32", "none").
