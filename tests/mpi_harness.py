@@ -128,7 +128,9 @@ class SharedJob:
         started = time.monotonic()
         result = run_under_mpi(np, ["-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", "--color=no",
                                     "-W", "ignore::DeprecationWarning"], self.timeout, env, on_start)
-        file_times.record_suite(f"{self.name} job, np {np}: the whole job", time.monotonic() - started)
+        ended = time.monotonic()
+        file_times.record_suite(f"{self.name} job, np {np}: the whole job", ended - started)
+        file_times.record_job(f"{self.name}, np {np}", started, ended)
         return result
 
     def run(self, suites: Sequence[str], np: int) -> str:
