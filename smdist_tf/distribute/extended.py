@@ -131,8 +131,8 @@ class DataParallelExtended(_compat.MirroredExtended):
         with tf.init_scope():
             full = self._first_replica_value(kwargs["initial_value"], kwargs.get("dtype"), device)()
         layout = ShardLayout([full.shape], self._replicas, self._replica)
-        # The full value lives only until its piece is cut: no full-size variable is made.
-        piece = layout.shard_of(0, full)
+        # The full value lives only until its piece is copied out: no full-size variable is made.
+        piece = layout.shard_of(0, full, own_buffer=True)
         del full
         self._creating_piece = True
         try:

@@ -39,13 +39,19 @@ class ShardLayout:
         pad = self.shard_sizes[i] * self.ranks - self.sizes[i]
         return tf.pad(flat, [[0, pad]]) if pad else flat
 
-    def shard_of(self, i: int, value: tf.Tensor) -> tf.Tensor:
-        """This rank's piece of variable ``i``'s full ``value``."""
+    def shard_of(self, i: int, value: tf.Tensor, own_buffer: bool = False) -> tf.Tensor:
+        """This rank's piece of variable ``i``'s full ``value``.
+
+        With ``own_buffer``, the piece does not share ``value``'s memory: a slice keeps its tensor's
+        whole buffer alive, so a variable made or assigned from it would hold the full value.
+        """
         # Slices before padding, so no full-size copy of the variable is made.
         s, n = self.shard_sizes[i], self.sizes[i]
         start, stop = min(self.index * s, n), min((self.index + 1) * s, n)
         piece = tf.reshape(value, [-1])[start:stop]
-        return tf.pad(piece, [[0, s - (stop - start)]]) if stop - start < s else piece
+        if stop - start < s:
+            return tf.pad(piece, [[0, s - (stop - start)]])  # a new buffer
+        return tf.raw_ops.DeepCopy(x=piece) if own_buffer else piece
 
     def shard_of_array(self, i: int, array: np.ndarray) -> np.ndarray:
         """``shard_of`` for a NumPy array (restoring a checkpoint)."""

@@ -162,7 +162,7 @@ class ShardedParameter:
         if not value.shape.is_compatible_with(self.shape):
             raise ValueError(f"cannot assign a value of shape {value.shape} to sharded weight {self.name} "
                              f"of shape {self.shape}")
-        return self.layout.shard_of(0, value)
+        return self.layout.shard_of(0, value, own_buffer=True)  # the piece must not keep the full value
 
     def piece_view(self, keras_module: Any, name: str) -> Any:
         """A piece-shaped Keras variable that is this rank's piece (no copy): what the optimizer updates."""

@@ -72,10 +72,14 @@ MORE_OPTIMIZERS = {
 
 
 # A model of large weights (2900 x 2900 float32: 33.6 MB each) for the resident-memory test.
-LARGE_WIDTH = 2900
+# A multiple of 64: every piece of a kernel and a bias, at 2 and 4 ranks, starts and ends 64-byte aligned, which
+# is when TensorFlow's slice shares its tensor's buffer instead of copying (the case a piece must not keep).
+LARGE_WIDTH = 2880
 LARGE_LAYERS = 4
 # TensorFlow's bytes in use between steps besides the pieces and Adam's slots (Keras' metrics and iterator, the
-# step's small tensors): measured 7 MB at 4 ranks and 49 MB at 2 (three 16.8 MB pieces' worth).
+# step's small tensors): measured 12 MB at 4 ranks and 4 MB at 2. Before each piece had a buffer of its own
+# (issue 42), a piece cut from a freshly initialized weight kept that whole weight alive: 2 layers more at 2
+# ranks, 3 at 4.
 HELD_SLACK_BYTES = 16 * 2**20
 
 
@@ -369,8 +373,23 @@ class MemoryTest(SyncAssertions):
         self.assertTrue(all(sharded_parameter(w) is None for w in model.non_trainable_weights))
 
 
+    def test_building_the_model_allocates_only_this_ranks_pieces(self):
+        """Each weight's initial value is made in full, then only this rank's piece is kept: a piece that shared
+        the full value's buffer kept the whole weight alive."""
+        layer_bytes = (LARGE_WIDTH * LARGE_WIDTH + LARGE_WIDTH) * 4
+        in_use_before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        with strategy_for(True).scope():
+            keras.utils.set_random_seed(5)
+            model = large_mlp()
+        held = tf.config.experimental.get_memory_info("CPU:0")["current"] - in_use_before
+        bound = LARGE_LAYERS * layer_bytes / SIZE + 2**20  # the pieces, and their padding
+        for rank, rank_held in enumerate(sd.allgather_object(held)):
+            self.assertLessEqual(rank_held, bound, f"rank {rank}: {rank_held / 1e6:.1f} MB in use after building, "
+                                 f"over its pieces' {bound / 1e6:.1f} MB")
+        del model
+
     def test_resident_memory_after_training_is_this_ranks_share(self):
-        """Bytes in use between steps are this rank's share plus at most two layers; resident memory is what
+        """Bytes in use between steps are this rank's share; resident memory is what
         TensorFlow's allocator pool held at its peak, nothing smdist_tf keeps beside it.
 
         smdist_tf makes TensorFlow's CPU allocator a BFC pool (smdist_tf/__init__.py), which keeps the pages of
@@ -393,7 +412,7 @@ class MemoryTest(SyncAssertions):
         figures = sd.allgather_object((pool["current"] - in_use_before, pool["peak"] - in_use_before,
                                        resident_bytes() - before))
         # Every rank judges every rank's figures, so a failure fails on all of them.
-        held_bound = weights_and_adam / SIZE + 2 * layer_bytes + HELD_SLACK_BYTES
+        held_bound = weights_and_adam / SIZE + HELD_SLACK_BYTES
         for rank, (held, peak, resident) in enumerate(figures):  # growth since before building
             self.assertLessEqual(held, held_bound, f"rank {rank}: {held / 1e6:.1f} MB in use after training, over "
                                  f"{held_bound / 1e6:.1f} MB (unsharded: {weights_and_adam / 1e6:.1f} MB)")
