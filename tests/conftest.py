@@ -51,15 +51,21 @@ def pytest_configure(config):
                                        "shared jobs have ended")
 
 
+# The markers the tests run grouped by, in this order after the unmarked tests (tests/file_times.py reports each
+# group's span by the same function).
+RUN_ORDER = ("shared_job", "background_build", "wall_clock")
+
+
+def run_group(item: pytest.Item) -> int:
+    """0 for an unmarked test, else 1 + the index in RUN_ORDER of its last-running marker."""
+    return max((RUN_ORDER.index(m.name) + 1 for m in item.iter_markers() if m.name in RUN_ORDER), default=0)
+
+
 def pytest_collection_modifyitems(session, config, items):
     # The background jobs leave a niced build little CPU until they end: a test that waits for one
     # runs after the drivers, not in the middle of the other tests. Stable: within each group, the
     # files and tests keep their order.
-    order = ("shared_job", "background_build", "wall_clock")
-
-    def group(item: pytest.Item) -> int:
-        return max((order.index(m.name) + 1 for m in item.iter_markers() if m.name in order), default=0)
-    items.sort(key=group)
+    items.sort(key=run_group)
 
 
 def pytest_collection_finish(session):

@@ -21,9 +21,6 @@ _group_of: dict[str, str] = {}
 _group_span: dict[str, list[float]] = {}
 _job_span: dict[str, tuple[float, float]] = {}
 
-# The markers tests/conftest.py orders the tests by, in its order; an unmarked test is in "tests".
-_GROUPS = ("shared_job", "background_build", "wall_clock")
-
 
 def record_suite(name: str, seconds: float) -> None:
     """Notes a shared job's suite ``name`` took ``seconds`` on rank 0 (tests/mpi_harness.py calls it)."""
@@ -36,10 +33,12 @@ def record_job(name: str, started: float, ended: float) -> None:
 
 
 def pytest_collection_finish(session) -> None:
+    from tests.conftest import RUN_ORDER, run_group  # loaded by now; the groups are the ones it runs by
+
     _session_start.append(time.monotonic())
+    names = ("tests", *RUN_ORDER)
     for item in session.items:
-        marked = [m.name for m in item.iter_markers() if m.name in _GROUPS]
-        _group_of[item.nodeid] = max(marked, key=_GROUPS.index) if marked else "tests"
+        _group_of[item.nodeid] = names[run_group(item)]
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
