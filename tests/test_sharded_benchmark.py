@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "sharded.py"
 JOB_KEYS = {"mode", "np", "repeat", "params", "optimizer", "sharded", "state_bytes", "shard_copy_bytes",
             "peak_rss_bytes", "peak_rss_before_fit_bytes", "rss_before_fit_bytes", "rss_end_bytes",
-            "rss_end_after_malloc_trim_bytes", "step_s",
+            "rss_end_after_malloc_trim_bytes", "pool_between_steps_bytes", "pool_step_peak_bytes", "step_s",
             "step_s_min", "peak_rss_growth_in_fit_bytes", "per_rank_peak_rss_bytes", "per_rank_state_bytes"}
 SUMMARY_KEYS = {"np", "repeats", "state_bytes_ratio", "state_bytes_ratio_target", "step_time_ratio",
                 "step_time_ratio_target", "rss_saved_bytes", "state_saved_bytes", "rss_saved_fraction_of_state_saved",
@@ -72,3 +72,24 @@ def test_summary_takes_medians_over_repeats() -> None:
     assert summary["rss_saved_fraction_of_state_saved"] == round(250 / 600, 4)
     assert summary["target_state_bytes_met"] and summary["target_step_time_met"] and summary["target_rss_met"]
     assert summary["errors"] == ["np=4 sharded repeat=3: exit 1: boom"]
+
+
+def test_stage3_summary_judges_the_pool_peak_against_the_goal() -> None:
+    """Stage 3's goals: its pool peak against (stage 0's weights + gradient + state) / N + the largest layer."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import sharded as bench
+
+    args = bench.parse_args(["--np", "2", "--stage", "3", "--repeat", "1"])
+    share = {"unsharded": 1000, "stage1": 1000, "stage2": 1000, "sharded": 500, "stage3_overlap": 500}
+    peaks = {"unsharded": 5000, "stage1": 4000, "stage2": 3500, "sharded": 2300, "stage3_overlap": 3100}
+    steps = {"unsharded": 1.0, "stage1": 0.9, "stage2": 0.9, "sharded": 1.2, "stage3_overlap": 1.0}
+    lines = [{"mode": mode, "np": 2, "param_bytes": share[mode], "state_bytes": 2 * share[mode],
+              "largest_layer_bytes": 400, "peak_rss_bytes": 9000, "peak_rss_growth_in_fit_bytes": 900,
+              "pool_between_steps_bytes": 3 * share[mode], "pool_step_peak_bytes": peaks[mode], "step_s": steps[mode]}
+             for mode in bench.STAGE3_MODES]
+    summary = bench.summarize_stage3(2, lines, [], args)
+    assert summary["model_bytes_goal"] == 4000 / 2 + 400  # (weights, a gradient, 2 slots) / N + a layer
+    assert summary["pool_step_peak_bytes"]["sharded"] == 2300 and summary["target_pool_step_peak_met"]
+    assert summary["overlap_backward_speedup"] == 1.2 and summary["target_step_time_met"]
+    lines[3]["pool_step_peak_bytes"] = 2401
+    assert not bench.summarize_stage3(2, lines, [], args)["target_pool_step_peak_met"]

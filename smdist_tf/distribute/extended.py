@@ -142,6 +142,7 @@ class DataParallelExtended(_compat.MirroredExtended):
         return ShardedParameter(variable, tf.TensorShape(layout.shapes[0]), self._replicas, self._replica,
                                 regather_in_backward=self._shard_parameters.regather_in_backward,
                                 gather_ahead=self._shard_parameters.gather_ahead,
+                                overlap_backward=self._shard_parameters.overlap_backward,
                                 process_set=self._cross_device_ops.process_set)
 
     def _get_variable_creator_initial_value(self, replica_id: int, device: str, primary_var: Any, **kwargs: Any) -> Any:

@@ -11,14 +11,25 @@ whose own weights are all sharded with ``regather_in_backward``:
   control dependency; its own input for the first): one layer ahead, so a layer's gathers
   overlap the previous layer's compute, and at most two layers' full weights are alive
   (``ParameterSharding(gather_ahead=False)``: its own input, one layer's), and
-* runs under ``tf.recompute_grad``: nothing of its call, the gathered weights included,
-  is kept for the backward pass; the backward runs the call again, its gathers waiting
-  for its own recomputed input, which ``recompute_grad`` makes depend on the incoming
-  gradient. So they are not hoisted to the start of the step, and they do not start one
-  layer ahead either: the next layer's recomputed input exists as soon as its own
-  incoming gradient does, so gathering ahead there let TensorFlow run several layers'
-  backward gathers and full-size gradients at once (1-2 layers more at the step's peak,
-  and no faster, measured in benchmarks/README.md).
+* keeps nothing of its call for the backward pass, the gathered weights included (a
+  ``tf.custom_gradient`` that recomputes the call, as ``tf.recompute_grad`` does). The
+  backward runs the call again once its incoming gradient exists, its gathers waiting
+  for that recomputed input: not hoisted to the start of the step, and not one layer
+  ahead either (the next layer's recomputed input exists as soon as its own incoming
+  gradient does, so gathering ahead there let TensorFlow run several layers' backward
+  gathers and full-size gradients at once: 1-2 layers more at the step's peak, and no
+  faster, measured in benchmarks/README.md).
+
+The backward runs each layer in turn: the recomputed call waits also until the layer
+after it has reduce-scattered its weights' gradients, and the weights' gradients are
+made once the input's gradient is, so the gathered weights are freed first (a Dense
+layer's kernel gradient needs its input and incoming gradient only, so TensorFlow made
+it beside the gathered kernel). One layer's full weights or full gradients are alive at
+a time, not both and not two layers' (``ParameterSharding(overlap_backward=True)`` lets
+them overlap: faster, about 1.5 layers more at the step's peak). The gradients come from
+two tapes over the one recomputed call: a tape asked for the input's gradient alone
+would still run the weights' gradient functions, and a reduce-scatter, a collective, is
+never pruned. XLA ignores control edges: under ``jit_compile`` its own scheduler decides.
 
 Layers with state of their own (BatchNormalization's moving statistics, a dropout's seed)
 are left alone: recomputing them would update or draw twice. Every other layer keeps
@@ -50,6 +61,22 @@ def gathers_wait_for(inputs: tf.Tensor, ahead: bool) -> tf.Tensor:
     return previous if ahead and previous is not None else inputs
 
 
+# Per graph being traced: the weights' gradients of the regathering layer whose backward was traced last, which
+# is the layer after the one whose backward is traced next. Weak, as above.
+_last_gradients: "weakref.WeakKeyDictionary[tf.Graph, list[weakref.ref]]" = weakref.WeakKeyDictionary()
+
+
+def backward_traced(gradients: list) -> None:
+    """Records the weights' gradients of the layer whose backward was just traced."""
+    _last_gradients[tf.compat.v1.get_default_graph()] = [weakref.ref(g) for g in gradients if g is not None]
+
+
+def gradients_of_the_layer_after() -> list:
+    """The weights' gradients of the layer whose backward was traced last in this graph; forgets them."""
+    refs = _last_gradients.pop(tf.compat.v1.get_default_graph(), [])
+    return [g for g in (r() for r in refs) if g is not None]
+
+
 def regathers(layer: Any) -> bool:
     """Whether ``layer``'s call is run so that its weights are gathered again for the backward."""
     weights = layer.trainable_weights
@@ -69,18 +96,43 @@ def patch_layer_call() -> None:
                 and regathers(self)):
             return original(self, *args, **kwargs)
 
-        ahead = all(sharded_parameter(w).gather_ahead for w in self.trainable_weights)
-        runs = [0]  # recompute_grad runs `run` for the forward, then again for each gradient taken
+        parameters = [sharded_parameter(w) for w in self.trainable_weights]
+        ahead = all(p.gather_ahead for p in parameters)
+        in_turn = not any(p.overlap_backward for p in parameters)
 
-        def run(inputs: tf.Tensor) -> Any:
-            # The forward's gathers wait for the previous layer's input (or this one's); the backward's for this
-            # one's recomputed input, which waits for the incoming gradient.
-            forward = runs[0] == 0
-            runs[0] += 1
-            with tf.control_dependencies([gathers_wait_for(inputs, ahead and forward)]):
-                return original(self, inputs, **kwargs)
+        @tf.custom_gradient
+        def recomputed(inputs: tf.Tensor) -> Any:
+            # The forward's gathers wait for the previous layer's input (or this one's); nothing of the call is kept.
+            with tf.control_dependencies([gathers_wait_for(inputs, ahead)]):
+                outputs = original(self, inputs, **kwargs)
 
-        return tf.recompute_grad(run)(args[0])
+            def backward(*upstream: tf.Tensor, variables: Any = None) -> Any:
+                variables = list(variables or [])
+                # The call runs again once the gradient has come (and, in turn, once the layer after this one has
+                # reduce-scattered its weights' gradients): its gathers wait for its recomputed input.
+                waits = list(upstream) + (gradients_of_the_layer_after() if in_turn else [])
+                with tf.control_dependencies(waits):
+                    again = tf.identity(inputs)
+                # Two tapes, so that the inputs' gradient makes no reduce-scatter (a collective is never pruned).
+                with tf.GradientTape(watch_accessed_variables=False) as weights_tape:
+                    weights_tape.watch(variables)
+                    with tf.GradientTape(watch_accessed_variables=False) as inputs_tape:
+                        inputs_tape.watch(again)
+                        with tf.control_dependencies([again]):
+                            recomputed_outputs = original(self, again, **kwargs)
+                grad_inputs = inputs_tape.gradient(recomputed_outputs, again, output_gradients=list(upstream),
+                                                   unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                # In turn, the weights' full gradients are made once the gathered weights have been used up.
+                with tf.control_dependencies([grad_inputs] if in_turn else []):
+                    grad_variables = weights_tape.gradient(recomputed_outputs, variables,
+                                                           output_gradients=list(upstream),
+                                                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                backward_traced(grad_variables)
+                return grad_inputs, grad_variables
+
+            return outputs, backward
+
+        return recomputed(args[0])
 
     __call__.__doc__ = original.__doc__
     cls.__call__ = __call__
