@@ -66,7 +66,8 @@ class DataParallelStrategy(OneReplicaPerRank, tf.distribute.MultiWorkerMirroredS
             backward pass; ``sd.sharding.ParameterSharding(regather_in_backward=False)`` keeps
             them from the forward pass instead (more memory, half the gathers), and
             ``gather_ahead=False`` stops the forward's gathers starting one layer ahead (less memory, no overlap),
-            and ``overlap_backward=True`` lets each layer's backward overlap the next one's (faster, more memory).
+            and ``overlap_backward=True`` lets each layer's backward overlap the next one's (more memory; faster
+            where cores are spare).
         gradient_op: how the optimizer combines the ranks' gradients, as ``op`` of
             Horovod's ``DistributedOptimizer``: ``Average`` (the global mean gradient) or
             ``Adasum`` (the Adasum of each rank's gradient of its own batch; Keras 3, a

@@ -37,10 +37,11 @@ class ParameterSharding:
             instead of two. The backward's gathers always wait for the layer's own input.
         overlap_backward: in the backward pass, let a recomputed layer make its weights' full-size
             gradients while its gathered weights still exist, and let the layer before it gather
-            meanwhile, so the reduce-scatters overlap the backward's compute: faster, and about 1.5
-            layers more at the step's peak. ``False`` runs each layer's backward in turn (gather, the
-            input's gradient, the weights' gradients, their reduce-scatter), so the step's peak is this
-            rank's share plus about one layer.
+            meanwhile, so the reduce-scatters overlap the backward's compute: faster where cores are
+            spare, and about 1.5 layers more at the step's peak. ``False`` runs each layer's backward in
+            turn (gather, the input's gradient, the weights' gradients, their reduce-scatter), so the
+            step's peak is about this rank's share of the weights, their gradients and the optimizer
+            state, plus one layer.
     """
 
     regather_in_backward: bool = True
@@ -61,9 +62,11 @@ def gather_pieces(piece: tf.Tensor, layout: ShardLayout, process_set: Optional[P
             # The piece's update consumes this gradient, so waiting here for the read gathered above
             # keeps that update from overtaking the read. tf.function orders them with a control edge,
             # but Grappler's dependency optimizer drops it as redundant next to a path through the
-            # recomputing custom gradient's IdentityN (regather.py), then bypasses the IdentityN, which cuts
-            # the path: a weight whose gradient does not use it (a Dense kernel) was then now and then
-            # gathered for the recomputed backward after this step had updated its piece (issue 42).
+            # recomputing gradient's IdentityN (regather.py; seen with tf.recompute_grad's, the same op),
+            # then bypasses the IdentityN, which cuts the path: a weight whose gradient does not use it (a
+            # Dense kernel; overlapped, or in the first layer, nothing else orders its regather before
+            # the update) was then now and then gathered for the backward after this step had updated
+            # its piece (issue 42).
             with tf.control_dependencies([value]):
                 # An embedding's IndexedSlices gradient is made dense: the piece is dense.
                 return reducescatter(layout.padded(0, tf.convert_to_tensor(upstream)), op=Sum,

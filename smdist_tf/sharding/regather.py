@@ -21,15 +21,19 @@ whose own weights are all sharded with ``regather_in_backward``:
   faster, measured in benchmarks/README.md).
 
 The backward runs each layer in turn: the recomputed call waits also until the layer
-after it has reduce-scattered its weights' gradients, and the weights' gradients are
-made once the input's gradient is, so the gathered weights are freed first (a Dense
-layer's kernel gradient needs its input and incoming gradient only, so TensorFlow made
-it beside the gathered kernel). One layer's full weights or full gradients are alive at
-a time, not both and not two layers' (``ParameterSharding(overlap_backward=True)`` lets
-them overlap: faster, about 1.5 layers more at the step's peak). The gradients come from
-two tapes over the one recomputed call: a tape asked for the input's gradient alone
-would still run the weights' gradient functions, and a reduce-scatter, a collective, is
-never pruned. XLA ignores control edges: under ``jit_compile`` its own scheduler decides.
+whose backward was traced before it (the layer after it in a chain) has reduce-scattered
+its weights' gradients, and the weights' gradients are made once the input's gradient is,
+so the gathered weights are freed first (a Dense layer's kernel gradient needs its input
+and incoming gradient only, so TensorFlow made it beside the gathered kernel). So for
+layers whose weights' gradients do not read the weights (Dense and Conv kernels,
+Embedding tables), a layer's full weights and its full gradients are not alive at once,
+and no two layers' are. Not for the first such layer in the graph: its input's gradient
+is mostly unused, and waiting for it would make TensorFlow compute it.
+``ParameterSharding(overlap_backward=True)`` drops these edges: about 1.5 layers more at
+the step's peak, faster where cores are spare. The gradients come from two tapes over
+the one recomputed call: a tape asked for the input's gradient alone would still run the
+weights' gradient functions, and a reduce-scatter, a collective, is never pruned. XLA
+ignores control edges: under ``jit_compile`` its own scheduler decides.
 
 Layers with state of their own (BatchNormalization's moving statistics, a dropout's seed)
 are left alone: recomputing them would update or draw twice. Every other layer keeps
@@ -39,7 +43,7 @@ Keras' own ``__call__``.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Optional
 
 import keras
 import tensorflow as tf
@@ -51,14 +55,13 @@ from smdist_tf.sharding.piece_optimizer import sharded_parameter
 _last_input: "weakref.WeakKeyDictionary[tf.Graph, weakref.ref]" = weakref.WeakKeyDictionary()
 
 
-def gathers_wait_for(inputs: tf.Tensor, ahead: bool) -> tf.Tensor:
-    """What the gathers of a layer called with ``inputs`` wait for: with ``ahead``, the previous such layer's input
-    in this graph, else ``inputs``."""
+def previous_input(inputs: tf.Tensor) -> Optional[tf.Tensor]:
+    """The input of the regathering layer called before the one called now with ``inputs`` in this graph (``None``
+    for the first); records ``inputs`` for the next."""
     graph = tf.compat.v1.get_default_graph()
     last = _last_input.get(graph)
-    previous = last() if last is not None else None
     _last_input[graph] = weakref.ref(inputs)
-    return previous if ahead and previous is not None else inputs
+    return last() if last is not None else None
 
 
 # Per graph being traced: the weights' gradients of the regathering layer whose backward was traced last, which
@@ -103,7 +106,8 @@ def patch_layer_call() -> None:
         @tf.custom_gradient
         def recomputed(inputs: tf.Tensor) -> Any:
             # The forward's gathers wait for the previous layer's input (or this one's); nothing of the call is kept.
-            with tf.control_dependencies([gathers_wait_for(inputs, ahead)]):
+            previous = previous_input(inputs)
+            with tf.control_dependencies([previous if ahead and previous is not None else inputs]):
                 outputs = original(self, inputs, **kwargs)
 
             def backward(*upstream: tf.Tensor, variables: Any = None) -> Any:
@@ -122,8 +126,13 @@ def patch_layer_call() -> None:
                             recomputed_outputs = original(self, again, **kwargs)
                 grad_inputs = inputs_tape.gradient(recomputed_outputs, again, output_gradients=list(upstream),
                                                    unconnected_gradients=tf.UnconnectedGradients.ZERO)
-                # In turn, the weights' full gradients are made once the gathered weights have been used up.
-                with tf.control_dependencies([grad_inputs] if in_turn else []):
+                # In turn, the weights' full gradients are made once the gathered weights have been used up: by the
+                # input's gradient, or for an integer input (an Embedding's ids) by the recomputed outputs. Not for
+                # the first such layer: its input's gradient is mostly unused, and waiting for it would compute it.
+                used_up = []
+                if in_turn and previous is not None:
+                    used_up = [grad_inputs] if again.dtype.is_floating else tf.nest.flatten(recomputed_outputs)
+                with tf.control_dependencies(used_up):
                     grad_variables = weights_tape.gradient(recomputed_outputs, variables,
                                                            output_gradients=list(upstream),
                                                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
