@@ -94,7 +94,9 @@ The other reaches, by the module that makes them:
   (above) makes the pieces. Its ``keras.layers.Layer.__call__`` wrapper (a public method,
   installed by smdist_tf/keras/patches.py; smdist_tf/sharding/regather.py) calls
   ``Layer._flatten_layers(include_self=False, recursive=False)`` to tell a layer that owns
-  its weights from one that holds other layers.
+  its weights from one that holds other layers, and carries Keras masks across its custom
+  gradient with ``keras.src.backend.common.masking.get_keras_mask``/``set_keras_mask`` (the
+  gradient's ``IdentityN`` outputs, and the backward's recomputed input, are new tensors).
 * ``keras.distribution`` on the TensorFlow backend (smdist_tf/keras/distribution_backend.py,
   smdist_tf/keras/distribution_activation.py). Keras' ``keras.src.distribution.distribution_lib``
   calls the backend's module, ``keras.src.backend.distribution_lib`` (for TensorFlow
@@ -143,6 +145,8 @@ _INTERNALS = {
     "save_state": ("keras.src.saving.saving_lib", "_save_state"),
     "get_global_attribute": ("keras.src.backend.common.global_state", "get_global_attribute"),
     "set_global_attribute": ("keras.src.backend.common.global_state", "set_global_attribute"),
+    "get_keras_mask": ("keras.src.backend.common.masking", "get_keras_mask"),
+    "set_keras_mask": ("keras.src.backend.common.masking", "set_keras_mask"),
 }
 
 

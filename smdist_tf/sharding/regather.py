@@ -48,6 +48,7 @@ from typing import Any, Optional
 import keras
 import tensorflow as tf
 
+from smdist_tf import _compat
 from smdist_tf.sharding.piece_optimizer import sharded_parameter
 
 # Per graph being traced: the input of the regathering layer called last, which the next one's gathers wait for.
@@ -65,7 +66,8 @@ def previous_input(inputs: tf.Tensor) -> Optional[tf.Tensor]:
 
 
 # Per graph being traced: the weights' gradients of the regathering layer whose backward was traced last, which
-# is the layer after the one whose backward is traced next. Weak, as above.
+# is the layer after the one whose backward is traced next. Where a graph takes a second gradient, its first
+# backward also waits for the first gradient's last reduce-scatters: more order, no cycle. Weak, as above.
 _last_gradients: "weakref.WeakKeyDictionary[tf.Graph, list[weakref.ref]]" = weakref.WeakKeyDictionary()
 
 
@@ -103,12 +105,15 @@ def patch_layer_call() -> None:
         ahead = all(p.gather_ahead for p in parameters)
         in_turn = not any(p.overlap_backward for p in parameters)
 
+        forward_outputs = []  # the call's own outputs, which carry the Keras masks the call set
+
         @tf.custom_gradient
         def recomputed(inputs: tf.Tensor) -> Any:
             # The forward's gathers wait for the previous layer's input (or this one's); nothing of the call is kept.
             previous = previous_input(inputs)
             with tf.control_dependencies([previous if ahead and previous is not None else inputs]):
                 outputs = original(self, inputs, **kwargs)
+            forward_outputs.append(outputs)
 
             def backward(*upstream: tf.Tensor, variables: Any = None) -> Any:
                 variables = list(variables or [])
@@ -117,6 +122,7 @@ def patch_layer_call() -> None:
                 waits = list(upstream) + (gradients_of_the_layer_after() if in_turn else [])
                 with tf.control_dependencies(waits):
                     again = tf.identity(inputs)
+                _compat.set_keras_mask(again, _compat.get_keras_mask(inputs))  # the call may read it
                 # Two tapes, so that the inputs' gradient makes no reduce-scatter (a collective is never pruned).
                 with tf.GradientTape(watch_accessed_variables=False) as weights_tape:
                     weights_tape.watch(variables)
@@ -141,7 +147,11 @@ def patch_layer_call() -> None:
 
             return outputs, backward
 
-        return recomputed(args[0])
+        outputs = recomputed(args[0])
+        # The custom gradient's outputs are new tensors: give them the masks Keras set on the call's.
+        for output, own in zip(tf.nest.flatten(outputs), tf.nest.flatten(forward_outputs[0])):
+            _compat.set_keras_mask(output, _compat.get_keras_mask(own))
+        return outputs
 
     __call__.__doc__ = original.__doc__
     cls.__call__ = __call__

@@ -34,6 +34,7 @@ X = RNG.normal(size=(48, 7)).astype(np.float32)  # three steps of the global bat
 Y = RNG.normal(size=(48, 1)).astype(np.float32)
 IMAGES = RNG.normal(size=(48, 6, 6, 2)).astype(np.float32)
 IDS = RNG.integers(0, 13, size=(48, 3)).astype(np.int32)
+IDS[:, 0] = 0  # padding in every row: a lost mask changes MaskedEmbedding's result
 
 
 def mlp() -> keras.Model:
@@ -50,6 +51,27 @@ def embedding() -> keras.Model:
     ids = keras.Input((3,), dtype="int32")
     pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(13, 4)(ids))
     return keras.Model(ids, keras.layers.Dense(1)(pooled))
+
+
+class MaskedEmbedding(keras.Model):
+    """Id 0 is padding: the pooling averages the other positions only, and the Dense between passes the mask on.
+    Subclassed, so each layer's output carries its mask to the next (a functional model hands masks on itself)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = keras.layers.Embedding(13, 4, mask_zero=True)
+        self.dense = keras.layers.Dense(4)
+        self.pool = keras.layers.GlobalAveragePooling1D()
+        self.head = keras.layers.Dense(1)
+
+    def call(self, ids: tf.Tensor) -> tf.Tensor:
+        return self.head(self.pool(self.dense(self.embedding(ids))))
+
+
+def masked_embedding() -> keras.Model:
+    model = MaskedEmbedding()
+    model(IDS[:1])  # builds the weights (in the caller's scope)
+    return model
 
 
 def batch_norm() -> keras.Model:
@@ -183,6 +205,11 @@ class SameTrainingTest(SyncAssertions):
         unsharded = fit(False, mlp, X, OPTIMIZERS["adam"], policy="mixed_float16")
         self.assertIsInstance(sharded.optimizer, keras.optimizers.LossScaleOptimizer)
         self.assert_same_training(sharded, unsharded)
+
+    @at_two_ranks_only("the mask is each rank's own, whatever the rank count")
+    def test_keras_masks_pass_the_recomputed_layers(self):
+        sharded = fit(True, masked_embedding, IDS, OPTIMIZERS["sgd_momentum"])
+        self.assert_same_training(sharded, fit(False, masked_embedding, IDS, OPTIMIZERS["sgd_momentum"]))
 
     @at_two_ranks_only("XLA compiles each rank's step alike whatever the rank count; the collectives' lowerings "
                        "run at 4 ranks in suite_xla.py")
