@@ -82,13 +82,14 @@ def gradients_of_the_layer_after() -> list:
     return [g for g in (r() for r in refs) if g is not None]
 
 
-def regathers(layer: Any) -> bool:
-    """Whether ``layer``'s call is run so that its weights are gathered again for the backward."""
+def regathered_parameters(layer: Any) -> list:
+    """The ``ShardedParameter``s of ``layer``'s weights if its call is run so that they are gathered again for the
+    backward, else ``[]``."""
     weights = layer.trainable_weights
     if not weights or layer.non_trainable_weights or layer._flatten_layers(include_self=False, recursive=False):
-        return False
+        return []
     parameters = [sharded_parameter(w) for w in weights]
-    return all(p is not None and p.regather_in_backward for p in parameters)
+    return parameters if all(p is not None and p.regather_in_backward for p in parameters) else []
 
 
 def patch_layer_call() -> None:
@@ -97,11 +98,11 @@ def patch_layer_call() -> None:
     original = cls.__call__
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not (len(args) == 1 and isinstance(args[0], tf.Tensor) and tf.inside_function() and self.built
-                and regathers(self)):
+        parameters = (regathered_parameters(self) if len(args) == 1 and isinstance(args[0], tf.Tensor)
+                      and tf.inside_function() and self.built else [])
+        if not parameters:
             return original(self, *args, **kwargs)
 
-        parameters = [sharded_parameter(w) for w in self.trainable_weights]
         ahead = all(p.gather_ahead for p in parameters)
         in_turn = not any(p.overlap_backward for p in parameters)
 

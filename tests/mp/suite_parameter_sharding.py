@@ -431,7 +431,6 @@ class MemoryTest(SyncAssertions):
         # Moving statistics are not trainable: whole, as without sharding.
         self.assertTrue(all(sharded_parameter(w) is None for w in model.non_trainable_weights))
 
-
     def test_building_the_model_allocates_only_this_ranks_pieces(self):
         """Each weight's initial value is made in full, then only this rank's piece is kept: a piece that shared
         the full value's buffer kept the whole weight alive."""
