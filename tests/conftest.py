@@ -9,9 +9,10 @@ started, niced, when collection ended (in the CPU time the other tests leave idl
 
 ``@JOB.driver()`` (``tests/mpi_harness.py``, marker ``shared_job``): a test that judges a shared MPI job's
 suites. The jobs its tests want start in the background when collection ends, and those tests run after
-the others, each waiting for its job's run; then the tests that wait for a background build. Last,
-``@pytest.mark.wall_clock`` (a whole file, as ``pytestmark``): tests that assert how much wall time
-passed, on a machine the background jobs have left.
+the others, each waiting for its job's run. Then ``@pytest.mark.wall_clock`` (a whole file, as
+``pytestmark``): tests that assert how much wall time passed, on a machine the background jobs have left.
+They mostly wait (for timeouts, stopped ranks, Ray's nodes) and leave a core idle, which a niced build
+still running takes (it yields to their processes). Last, the tests that wait for a background build.
 
 ``@pytest.mark.optional_packages``: only the processes a test marked so starts see .venv/optional
 (scikit-learn, requirements-optional.txt) on ``PYTHONPATH``; ``@pytest.mark.jax_packages``, the same for
@@ -53,7 +54,7 @@ def pytest_configure(config):
 
 # The markers the tests run grouped by, in this order after the unmarked tests (tests/file_times.py reports each
 # group's span by the same function).
-RUN_ORDER = ("shared_job", "background_build", "wall_clock")
+RUN_ORDER = ("shared_job", "wall_clock", "background_build")
 
 
 def run_group(item: pytest.Item) -> int:
@@ -63,8 +64,8 @@ def run_group(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(session, config, items):
     # The background jobs leave a niced build little CPU until they end: a test that waits for one
-    # runs after the drivers, not in the middle of the other tests. Stable: within each group, the
-    # files and tests keep their order.
+    # runs last, after the wall-clock tests whose idle core the build takes, not in the middle of the
+    # other tests. Stable: within each group, the files and tests keep their order.
     items.sort(key=run_group)
 
 
