@@ -9,7 +9,10 @@ only if one of that module's tests was selected (``@pytest.mark.background_build
 processes are killed when the session ends.
 
 Each build is a function taking a ``Commands`` (which runs its steps niced, in process groups of their
-own) and returning what its test checks; an exception is raised again in the test that waits.
+own) and returning what its test checks; an exception is raised again in the test that waits. A step
+that runs tests with time limits of their own (a smoke subset) first calls ``wait_for_the_last_tests``:
+until the suite's last groups start, its own tests keep both cores busy and would starve a niced job
+past its limits; the wall-clock tests then leave a core idle.
 """
 
 from __future__ import annotations
@@ -25,6 +28,18 @@ from typing import Any, Callable
 
 # Generous: while the tests keep both cores busy, a niced step gets almost no CPU.
 STEP_TIMEOUT_S = 3000
+
+_LAST_TESTS_STARTED = threading.Event()
+
+
+def last_tests_started() -> None:
+    """Tells the builds that the suite's last groups (wall-clock tests, then the builds' own) have started."""
+    _LAST_TESTS_STARTED.set()
+
+
+def wait_for_the_last_tests() -> None:
+    """Returns once ``last_tests_started`` was called (tests/conftest.py calls it, as does a test that waits)."""
+    _LAST_TESTS_STARTED.wait()
 
 
 def _lowest_autogroup_priority(pid: int) -> None:
@@ -111,6 +126,7 @@ class BackgroundBuild:
 
     def result(self) -> Any:
         self.start()  # a test run without the session hook (the build then runs now)
+        last_tests_started()  # nothing else is left to wait for
         self._thread.join()
         if self._error is not None:
             raise AssertionError(f"the background build '{self.name}' failed") from self._error

@@ -82,6 +82,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
+    if run_group(item) >= 1 + RUN_ORDER.index("wall_clock"):
+        background_builds.last_tests_started()  # the wall-clock tests leave a core idle for the builds' tests
     # Before the test's fixtures start anything (a module's Ray cluster is started by its first test).
     path = [directory for marker, directory in _PACKAGES_OF_MARKER.items()
             if item.get_closest_marker(marker) is not None] + _INHERITED_PATH
