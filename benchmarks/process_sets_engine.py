@@ -17,7 +17,6 @@ each set's busbw over the 2-rank job's (medians over repeats). Nothing here asse
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -29,7 +28,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))  # the loader of the engine's binding, in tests/
 from engine_only import mpirun, parse_sizes, run_job, worker_or_driver  # noqa: E402
+from tests.runtime_module import load_runtime_module  # noqa: E402
 
 SUM, MAX = 1, 4
 SETS = [[0, 1], [2, 3]]
@@ -38,8 +39,7 @@ SETS = [[0, 1], [2, 3]]
 
 def load_runtime(runtime_dir: str | None):
     sys.modules["tensorflow"] = None  # the engine alone
-    sys.path.insert(0, runtime_dir or str(ROOT / "smdist_tf"))
-    return importlib.import_module("_runtime")
+    return load_runtime_module(runtime_dir)
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -38,6 +38,9 @@ _PACKAGES_OF_MARKER = {"optional_packages": OPTIONAL_PACKAGES, "jax_packages": J
 _INHERITED_PATH = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                    if entry and entry not in _PACKAGES_OF_MARKER.values()]
 
+# tests/mp holds the ranks' suites and their conftest.py, which starts the engine: the host session leaves it.
+collect_ignore = ["mp"]
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "optional_packages: the processes this test starts may import "

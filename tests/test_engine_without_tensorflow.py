@@ -10,6 +10,7 @@ the session, niced, in the CPU time the other tests leave idle (tests/background
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +32,22 @@ def test_buffer_collectives_without_tensorflow(np):
     assert code == 0, out[-8000:]
     for rank in range(np):
         assert f"ENGINE-BUFFERS OK {rank}" in out, out[-8000:]
+
+
+def test_the_runtime_loads_by_its_file_and_leaves_sys_path_alone():
+    """The package folder never joins ``sys.path``: its modules would stand in for top-level packages."""
+    check = ("import importlib.util, sys\n"
+             "before = list(sys.path)\n"
+             "from tests.runtime_module import load_runtime_module\n"
+             "rt = load_runtime_module()\n"
+             "assert sys.path == before, sys.path\n"
+             "assert importlib.util.find_spec('compression') is None\n"
+             "assert 'tensorflow' not in sys.modules\n"
+             "print('loaded', rt.__name__, rt.__file__)\n")
+    result = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=mpi_env(), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"loaded _runtime {ROOT / 'smdist_tf'}" in result.stdout, result.stdout
 
 
 @dataclasses.dataclass

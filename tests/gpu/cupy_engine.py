@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.runtime_module import load_runtime_module
+
 AVERAGE, SUM, MIN, MAX, PRODUCT = 0, 1, 3, 4, 5  # smdist_tf/reduce_ops.py
 FP16_WIRE = 1  # WireCompression::kFloat16
 
@@ -41,8 +41,7 @@ def load_runtime(runtime_dir: str | None = None) -> Any:
         for folder in module.__path__:
             if (Path(folder) / library).is_file():
                 os.environ[variable] = str(Path(folder) / library)
-    sys.path.insert(0, runtime_dir or os.environ.get("SMDIST_RUNTIME_DIR", str(REPO / "smdist_tf")))
-    return importlib.import_module("_runtime")
+    return load_runtime_module(runtime_dir or os.environ.get("SMDIST_RUNTIME_DIR"))
 
 
 def storage_dtype(name: str) -> Any:

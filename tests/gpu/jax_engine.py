@@ -10,13 +10,13 @@ engine library with libsmdist_xla.so.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from tests.runtime_module import load_runtime_module
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = "smdist_collective"
@@ -34,8 +34,7 @@ def load_runtime(platform: str) -> Any:
         from tests.gpu.cupy_engine import load_runtime as load_with_cupy
 
         return load_with_cupy(runtime_dir())
-    sys.path.insert(0, runtime_dir())
-    return importlib.import_module("_runtime")
+    return load_runtime_module(runtime_dir())
 
 
 def register_handlers() -> None:

@@ -179,4 +179,6 @@ if timeline and rank == 0:
 faulthandler.cancel_dump_traceback_later()
 print(json.dumps({"mode": MODE, "rank": rank, "size": size, "checks": checks.count, "jax": jax.__version__,
                   "device": str(jax.devices()[0])}), flush=True)
+# The handlers need no TensorFlow (tests/runtime_module.py says how a stray import of it once came about).
+assert "tensorflow" not in sys.modules, "a rank driving the XLA handlers through JAX imported TensorFlow"
 print(f"XLA-RANKS OK {MODE} {rank}", flush=True)

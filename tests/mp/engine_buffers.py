@@ -8,16 +8,16 @@ Prints ``ENGINE-BUFFERS OK <rank>`` when every check passed.
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 sys.modules["tensorflow"] = None  # any import of TensorFlow now fails
 
 import numpy as np  # noqa: E402
 
+from tests.runtime_module import load_runtime_module  # noqa: E402
+
 if len(sys.argv) > 1:
-    sys.path.insert(0, sys.argv[1])
-    rt = importlib.import_module("_runtime")
+    rt = load_runtime_module(sys.argv[1])
 else:
     from smdist_tf import _runtime as rt  # noqa: E402
 
