@@ -16,16 +16,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tests.runtime_module import load_runtime_module
+from tests.runtime_module import PACKAGE_DIR, load_runtime_module
 
-REPO = Path(__file__).resolve().parents[2]
 TARGET = "smdist_collective"
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER = 0, 1, 2, 3, 4  # CollectiveType
 HANDLERS = {"cpu": "smdist_xla_collective_host", "CUDA": "smdist_xla_collective_cuda"}
 
 
 def runtime_dir() -> str:
-    return os.environ.get("SMDIST_RUNTIME_DIR", str(REPO / "smdist_tf"))
+    return os.environ.get("SMDIST_RUNTIME_DIR", str(PACKAGE_DIR))
 
 
 def load_runtime(platform: str) -> Any:
