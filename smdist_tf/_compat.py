@@ -84,7 +84,9 @@ The other reaches, by the module that makes them:
   uses ``_var_key``, ``_get_variable_index``, ``_trainable_variables_indices``,
   ``_accumulated_gradients``, ``_iterations``, ``_apply_weight_decay``,
   ``_backend_increment_gradient_accumulators``, ``_backend_reset_gradient_accumulators``
-  and ``_distribution_strategy``.
+  and ``_distribution_strategy``. It tells slots apart by the names Keras gives
+  ``add_variable_from_reference``: ``average`` (the EMA, kept full-size) and
+  ``gradient_accumulator`` (sharded in stage 2 only).
 * Parameter sharding (ZeRO stage 3, smdist_tf/sharding/parameter.py and piece_optimizer.py)
   relies on the Keras 3.15 TensorFlow ``Variable`` keeping whatever ``tf.Variable(...)``
   returned in ``_value`` (read to find the ``ShardedParameter`` behind a weight), on

@@ -274,6 +274,22 @@ class InternalReachesTest(tf.test.TestCase):
         variable = keras.Variable(np.zeros(3, np.float32))
         optimizer.build([variable])
         self.assertEqual(optimizer._trainable_variables_indices, {optimizer._var_key(variable): 0})
+        # Keyed by the tf.Variable's _unique_id: a ShardedParameter's (its piece's) keys it the same way.
+        self.assertEqual(optimizer._var_key(variable), variable.value._unique_id)
+        # The slot names sharding/optimizer.py keeps full-size or shards by.
+        from smdist_tf.sharding.optimizer import _ACCUMULATOR_SLOT, _FULL_SIZE_SLOTS
+
+        names = []
+        with_ema = keras.optimizers.SGD(use_ema=True, gradient_accumulation_steps=2)
+        keras_add = with_ema.add_variable_from_reference
+
+        def recording(reference_variable, name=None, initializer="zeros"):
+            names.append(name)
+            return keras_add(reference_variable, name=name, initializer=initializer)
+
+        with_ema.add_variable_from_reference = recording  # build calls it on the optimizer, as the mixin overrides
+        with_ema.build([keras.Variable(np.zeros(3, np.float32))])
+        self.assertEqual(sorted(names), sorted([*_FULL_SIZE_SLOTS, _ACCUMULATOR_SLOT]))
         self.assertEqual([tuple(a.shape) for a in optimizer._accumulated_gradients], [(3,)])
         self.assertEqual(int(optimizer._iterations.numpy()), 0)
 
@@ -412,6 +428,8 @@ def _overrides() -> list:
     from smdist_tf.keras import callbacks as keras_callbacks
     from smdist_tf.keras.checkpoint_callbacks import BestModelCheckpoint
     from smdist_tf.keras.schedule_callbacks import LearningRateScheduleCallback
+    from smdist_tf.keras.uneven_data import _EpochSync
+    from smdist_tf.pipeline.offload import OffloadActivations
     from smdist_tf.pipeline.model import PipelineModel, _FunctionLoss
     from smdist_tf.pipeline.weights import NotHeld, _RecordingStore
     from smdist_tf.sharding.optimizer import sharded_class
@@ -436,6 +454,8 @@ def _overrides() -> list:
         (DataParallelStrategy, tf.distribute.MultiWorkerMirroredStrategy, mirrored, set(), set()),
         (SyncBatchNormalization, keras.layers.BatchNormalization, keras.layers.BatchNormalization(), {"_moments"}, set()),
         (PipelineModel, keras.Model, compiled(), set(), set()),
+        (OffloadActivations, keras.layers.Wrapper, keras.layers.Wrapper(keras.layers.Dense(1)), set(), set()),
+        (_EpochSync, keras.callbacks.Callback, callback, set(), set()),
         (_FunctionLoss, keras.losses.Loss, keras.losses.MeanSquaredError(), set(), set()),
         (NotHeld, keras.initializers.Initializer, keras.initializers.Zeros(), set(), set()),
         (_RecordingStore, _compat.H5IOStore, None, set(), set()),
@@ -765,3 +785,96 @@ class KerasDistributionReachesTest(tf.test.TestCase):
         self.assertIs(tf.distribute.get_strategy(), job_strategy())
         keras.distribution.set_distribution(None)
         self.assertFalse(tf.distribute.has_strategy())
+
+
+class PatchTargetsTest(tf.test.TestCase):
+    """Each global patch of smdist_tf/keras/patches.py wraps a method Keras still calls on the path it patches.
+
+    A patch Keras stopped calling would change nothing, and say nothing: one rank's overflow or a sharded
+    optimizer would then fail only in a multi-rank job. Each check calls Keras' own public entry point.
+    """
+
+    def test_every_patch_has_a_check_here(self):
+        from smdist_tf.keras.patches import PATCHES
+
+        checks = {  # each patch's installer: the test of its target
+            "patch_training_loops": (KerasReachesTest, "test_loop_end_comes_after_the_last_step_and_before_"
+                                                       "validation_and_epoch_end"),
+            "patch_check_finite": (PatchTargetsTest, "test_loss_scale_optimizer_decides_finiteness_through_check_finite"),
+            "patch_predict_on_batch": (PatchTargetsTest, "test_predict_on_batch_is_the_method_users_call_with_x"),
+            "patch_optimizer_creation": (PatchTargetsTest, "test_every_keras_optimizer_is_made_through_optimizer_init"),
+            "patch_gradient_reduction": (InternalReachesTest, "test_keras_reduces_an_optimizers_gradients_in_one_call_"
+                                                              "adasum_replaces"),
+            "patch_layer_call": (PatchTargetsTest, "test_the_layers_parameter_sharding_gathers_for_are_called_through_"
+                                                   "layer_call"),
+        }
+        for test_class, name in checks.values():
+            self.assertTrue(callable(getattr(test_class, name)), name)
+        self.assertEqual(sorted(p.install.__name__ for p in PATCHES), sorted(checks),
+                         "a patch in smdist_tf/keras/patches.py without a check of its target here")
+
+    def test_loss_scale_optimizer_decides_finiteness_through_check_finite(self):
+        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5), initial_scale=2.0)
+        variable = keras.Variable(np.ones(2, np.float32))
+        optimizer.build([variable])
+        seen = []
+        keras_check = optimizer.check_finite
+
+        def recording(grads):
+            seen.append(len(grads))
+            return keras_check(grads)
+
+        optimizer.check_finite = recording  # apply calls it on the optimizer
+        optimizer.apply([tf.constant([np.inf, 1.0])], [variable])
+        self.assertEqual(seen, [1])
+        self.assertAllEqual(variable.numpy(), [1.0, 1.0])  # skipped as not finite
+        self.assertAllClose(optimizer.dynamic_scale.numpy(), 1.0)  # and the scale halved
+
+    def test_predict_on_batch_is_the_method_users_call_with_x(self):
+        self.assertEqual(list(inspect.signature(keras.Model.predict_on_batch).parameters), ["self", "x"])
+        self.assertEqual(list(inspect.signature(keras.Model.predict_step).parameters), ["self", "data"])
+        model = compiled()
+        self.assertEqual(model.predict_on_batch(X[:3]).shape, (3, 2))
+        for attribute in ("distribute_strategy", "run_eagerly", "jit_compile"):
+            getattr(model, attribute)  # what the patched method reads; raises if gone
+
+    def test_every_keras_optimizer_is_made_through_optimizer_init(self):
+        made = []
+        patched = keras.optimizers.Optimizer.__init__
+
+        def recording(optimizer, *args, **kwargs):
+            made.append(type(optimizer))
+            patched(optimizer, *args, **kwargs)
+
+        classes = [cls for cls in vars(keras.optimizers).values() if isinstance(cls, type)
+                   and issubclass(cls, keras.optimizers.Optimizer) and cls not in (
+                       keras.optimizers.Optimizer, keras.optimizers.LossScaleOptimizer, keras.optimizers.MultiOptimizer)]
+        self.assertIn(keras.optimizers.Adam, classes)
+        keras.optimizers.Optimizer.__init__ = recording
+        try:
+            for cls in classes:
+                cls()
+        finally:
+            keras.optimizers.Optimizer.__init__ = patched
+        self.assertEqual(made, classes)
+
+    def test_the_layers_parameter_sharding_gathers_for_are_called_through_layer_call(self):
+        layer_call = inspect.getattr_static(keras.layers.Layer, "__call__")
+        for cls in (keras.layers.Dense, keras.layers.EinsumDense, keras.layers.Conv1D, keras.layers.Conv2D,
+                    keras.layers.Embedding, keras.layers.BatchNormalization, keras.layers.LayerNormalization,
+                    keras.Model, keras.Sequential):
+            self.assertIs(inspect.getattr_static(cls, "__call__"), layer_call, f"{cls.__name__} has its own __call__")
+        called = []
+        keras_call = keras.layers.Layer.__call__
+
+        def recording(layer, *args, **kwargs):
+            called.append(type(layer).__name__)
+            return keras_call(layer, *args, **kwargs)
+
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+        keras.layers.Layer.__call__ = recording
+        try:
+            model(X[:2])
+        finally:
+            keras.layers.Layer.__call__ = keras_call
+        self.assertEqual(called, ["Sequential", "Dense", "Dense"])  # a model calls its layers through it
