@@ -54,14 +54,19 @@ def kill_self(tag: str) -> None:
 def late_line(tag: str) -> None:
     """Each rank prints its attempt line; on the first attempt rank 0 prints it only after rank 1 has failed.
 
-    ``LATE_LINE_DIR`` is a directory the test made: rank 1 marks its failure there.
+    ``LATE_LINE_DIR`` is a directory the test made: rank 0 marks there that it runs, rank 1 that it failed.
     """
     restart = os.environ["SMDIST_RESTART_COUNT"]
     failed = os.path.join(os.environ["LATE_LINE_DIR"], f"failed.{restart}")
+    running = os.path.join(os.environ["LATE_LINE_DIR"], f"running.{restart}")
     if restart == "0" and RANK == 1:
+        # Fails once rank 0 runs: rank 0's start on a loaded machine must not eat the launcher's stop grace.
+        while not os.path.exists(running):
+            time.sleep(0.01)
         open(failed, "w").close()
         sys.exit(5)
     if restart == "0":
+        open(running, "w").close()
         while not os.path.exists(failed):
             time.sleep(0.01)
         time.sleep(0.1)  # rank 1 has exited by now: this rank is printing while the job is being stopped

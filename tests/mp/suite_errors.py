@@ -174,8 +174,17 @@ class LocalMisuseTest(tf.test.TestCase):
         # 'dup' on rank 0 is refused at once instead of being mixed up.
         result = {}
         if RANK == 0:
-            t = threading.Thread(target=lambda: result.setdefault("v", sd.allreduce(tf.ones([1]), op=sd.Sum, name="dup")))
+            ones, submitting = tf.ones([1]), threading.Event()
+
+            def first_dup():
+                submitting.set()
+                result["v"] = sd.allreduce(ones, op=sd.Sum, name="dup")
+
+            t = threading.Thread(target=first_dup)
             t.start()
+            # The op is queued within microseconds of the call: waiting for the call, not for the thread to start,
+            # keeps a loaded machine from sending this thread's 'dup' first (it would then wait for the others).
+            submitting.wait(timeout=60)
             time.sleep(0.3)
             with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "already in flight"):
                 sd.allreduce(tf.ones([1]), name="dup")

@@ -96,7 +96,7 @@ class ConcurrentSetsTest(tf.test.TestCase):
         # collective on it meanwhile): the fast set must be done before any of them comes.
         fast, slow = DISJOINT
         sd.barrier()
-        fast_done = slow_came = 0.0
+        fast_done = slow_came = slow_done = 0.0
         if fast.included():
             for _ in range(3):
                 self.assertAllClose(sd.allreduce(tf.constant([float(RANK)]), op=sd.Sum, process_set=fast), [sum(fast.ranks)])
@@ -105,17 +105,21 @@ class ConcurrentSetsTest(tf.test.TestCase):
                 sd.barrier(process_set=fast)
             fast_done = time.time()
         else:
-            start = time.monotonic()
             late = slow.size() == 1 or RANK != slow.ranks[0]
             if late:
                 time.sleep(SLOW_S)
                 slow_came = time.time()
             self.assertAllEqual(sd.allgather(tf.constant([RANK]), process_set=slow), slow.ranks)
-            self.assertGreater(time.monotonic() - start, SLOW_S * 0.9)
-        times = sd.allgather(tf.constant([[fast_done, slow_came]], tf.float64)).numpy()
+            slow_done = time.time()
+        times = sd.allgather(tf.constant([[fast_done, slow_came, slow_done]], tf.float64)).numpy()
         last_fast = max(times[r, 0] for r in fast.ranks)
         first_slow = min(times[r, 1] for r in slow.ranks if times[r, 1] > 0)
         self.assertLess(last_fast, first_slow, f"set {fast.ranks} waited for set {slow.ranks}")
+        # The slow set's collective ended only once its last member came: at 4 ranks its first member waited
+        # in it. Ordered by one host's clock, not by a duration a descheduled rank would shorten.
+        last_slow = max(times[r, 1] for r in slow.ranks)
+        for r in slow.ranks:
+            self.assertGreaterEqual(times[r, 2], last_slow, f"rank {r}'s allgather ended before its set was there")
 
 
 class TimelineTest(tf.test.TestCase):

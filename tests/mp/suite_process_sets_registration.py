@@ -250,14 +250,18 @@ class RegistrationTest(tf.test.TestCase):
             result, errors = [], []
             thread = None
             if RANK == submitter:
+                ones, submitting = tf.ones([3]), threading.Event()
+
                 def submit():
+                    submitting.set()
                     try:
-                        result.append(sd.allreduce(tf.ones([3]), op=sd.Sum, name=name, process_set=ps).numpy())
+                        result.append(sd.allreduce(ones, op=sd.Sum, name=name, process_set=ps).numpy())
                     except Exception as e:
                         errors.append(e)
 
                 thread = threading.Thread(target=submit)
                 thread.start()
+                submitting.wait(timeout=60)  # from the call on, not from the thread's start on a loaded machine
                 time.sleep(1.0)  # the allreduce waits for `late`, which submits only after the removal failed
             with self.assertRaisesRegex(ValueError, f"in flight on rank\\(s\\) {submitter}"):
                 sd.remove_process_set(ps)
